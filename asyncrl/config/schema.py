@@ -155,6 +155,10 @@ class RunConfig(_Section):
     @model_validator(mode="after")
     def _cross_field(self) -> RunConfig:
         ro, tr = self.rollout, self.training
+        if ro.samples_per_prompt < 2:
+            raise ValueError(
+                "rollout.samples_per_prompt: expected >= 2, GRPO advantages of a group of one sample are all 0"
+            )
         batch = ro.prompts_per_step * ro.samples_per_prompt
         if tr.micro_batch_size > batch:
             raise ValueError(
@@ -164,10 +168,6 @@ class RunConfig(_Section):
         if batch % tr.micro_batch_size:
             raise ValueError(
                 f"training.micro_batch_size: expected a divisor of the batch of {batch} samples, got {tr.micro_batch_size}"
-            )
-        if ro.samples_per_prompt < 2:
-            raise ValueError(
-                "rollout.samples_per_prompt: expected >= 2, GRPO advantages of a group of one sample are all 0"
             )
         prompt_tokens = self.task.max_prompt_tokens()
         if prompt_tokens + ro.max_new_tokens > self.generation.max_model_len:

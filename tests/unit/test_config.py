@@ -1,0 +1,64 @@
+"""RunConfig loading: defaults, overrides, and errors that name the field and what was expected."""
+
+import pytest
+
+from asyncrl.config import ConfigError, load_config
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_are_valid():
+    cfg = load_config(None)
+    assert cfg.rollout.async_ratio >= 0 and cfg.training.loss == "decoupled_ppo"
+
+
+def test_override_types(tmp_path):
+    cfg = load_config(write(tmp_path, "rollout:\n  async_ratio: 2\n"),
+                      ["training.lr=0.001", "training.zero_stage=3", "training.w_mask=[0.5, 2.0]", "name=exp-1"])
+    assert cfg.rollout.async_ratio == 2
+    assert cfg.training.lr == 0.001 and cfg.training.zero_stage == 3
+    assert cfg.training.w_mask == (0.5, 2.0) and cfg.name == "exp-1"
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("rollout.async_ratio=-1", "rollout.async_ratio: Input should be greater than or equal to 0 (got -1)"),
+        ("training.loss=ppo2", "training.loss: Input should be"),
+        ("training.lrr=1", "training.lrr: unknown field"),
+        ("training.zero_stage=4", "training.zero_stage: Input should be less than or equal to 3"),
+        ("training.micro_batch_size=7", "training.micro_batch_size: expected a divisor of the batch of 64 samples"),
+        ("training.micro_batch_size=128", "expected <= rollout.prompts_per_step * rollout.samples_per_prompt = 64"),
+        ("rollout.samples_per_prompt=1", "rollout.samples_per_prompt: expected >= 2"),
+        ("generation.max_model_len=17", "generation.max_model_len: expected >= longest prompt"),
+        ("training.w_mask=[2, 3]", "training.w_mask: expected [lo, hi] with 0 <= lo < 1 < hi"),
+        ("storage.bucket=Bad_Bucket", "storage.bucket: String should match pattern"),
+        ("rollout.num_writers=3", "rollout.num_writers: expected a divisor of rollout.prompts_per_step (8), got 3"),
+    ],
+)
+def test_errors_name_the_field(override, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["rollout.max_new_tokens=12", override])
+    assert needle in str(err.value)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="no such configuration file"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "a: [1,\n"))
+    with pytest.raises(ConfigError, match="expected a mapping of sections"):
+        load_config(write(tmp_path, "- 1\n- 2\n"))
+    with pytest.raises(ConfigError, match="unknown field"):
+        load_config(write(tmp_path, "rolout:\n  async_ratio: 1\n"))
+
+
+def test_bad_override_syntax():
+    with pytest.raises(ConfigError, match="expected section.key=value"):
+        load_config(None, ["training.lr"])
+    with pytest.raises(ConfigError, match="is not a section"):
+        load_config(None, ["name=a", "name.x=1"])
