@@ -1,0 +1,270 @@
+"""Finished groups on S3: their Parquet encoding and the per-writer streams of group objects.
+
+Encoding: one Parquet (zstd) table per object, one row per sample, columns `GROUP_SCHEMA`. Log-probs
+are stored as float64 (not float32) so a Python float written is the exact float read back.
+`decode_groups` checks every column's presence, type and absence of nulls, then `Group.validate()`.
+
+Streams: writer `w` writes `groups/<w>/<seq:012d>.parquet` with seq 0, 1, 2, ... each object written
+once with a conditional PUT and never rewritten. A reader keeps one cursor per writer (the next seq
+to read) and GETs exactly that key: no reliance on listing order, and cursors are small JSON that a
+checkpoint can store and `restore()`.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterable, Mapping
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from asyncrl.transport.run_layout import RunPaths, check_id
+from asyncrl.transport.s3 import ObjectExists, S3Store
+from asyncrl.types import Group, Sample
+
+log = logging.getLogger(__name__)
+
+GROUP_SCHEMA = pa.schema(
+    [
+        ("group_id", pa.string()),
+        ("prompt_index", pa.int64()),
+        ("task", pa.string()),
+        ("sample_index", pa.int32()),
+        ("prompt_token_ids", pa.list_(pa.int32())),
+        ("token_ids", pa.list_(pa.int32())),
+        ("logprobs", pa.list_(pa.float64())),
+        ("token_versions", pa.list_(pa.int32())),
+        ("start_version", pa.int64()),
+        ("reward", pa.float64()),
+        ("finish_reason", pa.string()),
+    ]
+)
+_MAX_WRITE_ATTEMPTS = 1000
+
+
+def encode_groups(groups: Iterable[Group]) -> bytes:
+    """Parquet bytes holding every sample of `groups` (each validated first), in order."""
+    rows: dict[str, list] = {name: [] for name in GROUP_SCHEMA.names}
+    count = 0
+    for g in groups:
+        g.validate()
+        count += 1
+        for s in g.samples:
+            rows["group_id"].append(g.group_id)
+            rows["prompt_index"].append(g.prompt_index)
+            rows["task"].append(g.task)
+            rows["sample_index"].append(s.sample_index)
+            rows["prompt_token_ids"].append(s.prompt_token_ids)
+            rows["token_ids"].append(s.token_ids)
+            rows["logprobs"].append(s.logprobs)
+            rows["token_versions"].append(s.token_versions)
+            rows["start_version"].append(s.start_version)
+            rows["reward"].append(s.reward)
+            rows["finish_reason"].append(s.finish_reason)
+    if count == 0:
+        raise ValueError("encode_groups: expected at least one group")
+    table = pa.table(rows, schema=GROUP_SCHEMA)
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue()
+
+
+def encode_group(group: Group) -> bytes:
+    """Parquet bytes of one group (the default: one group per object)."""
+    return encode_groups([group])
+
+
+def _same_type(actual: pa.DataType, expected: pa.DataType) -> bool:
+    """Type equality that ignores list item field names ('item' vs 'element')."""
+    if pa.types.is_list(expected):
+        return pa.types.is_list(actual) and _same_type(actual.value_type, expected.value_type)
+    return actual.equals(expected)
+
+
+def _check_table(table: pa.Table, source: str) -> None:
+    for field in GROUP_SCHEMA:
+        if field.name not in table.column_names:
+            raise ValueError(f"{source}: missing column {field.name!r} (expected {field.type})")
+        col = table.column(field.name)
+        if not _same_type(col.type, field.type):
+            raise ValueError(f"{source}: column {field.name!r} has type {col.type}, expected {field.type}")
+        if col.null_count:
+            raise ValueError(f"{source}: column {field.name!r} has {col.null_count} null value(s)")
+        if pa.types.is_list(field.type):
+            for chunk in col.chunks:
+                if chunk.values.null_count:
+                    raise ValueError(f"{source}: column {field.name!r} has null list element(s)")
+
+
+def decode_groups(data: bytes, source: str) -> list[Group]:
+    """The groups of one Parquet object, in order of first appearance; ValueError naming `source`."""
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"{source}: not a readable Parquet file: {e}") from e
+    _check_table(table, source)
+    if table.num_rows == 0:
+        raise ValueError(f"{source}: no samples")
+    cols = table.to_pydict()
+    groups: dict[str, Group] = {}
+    for i in range(table.num_rows):
+        gid = cols["group_id"][i]
+        g = groups.get(gid)
+        if g is None:
+            g = groups[gid] = Group(group_id=gid, prompt_index=cols["prompt_index"][i], task=cols["task"][i])
+        elif g.prompt_index != cols["prompt_index"][i] or g.task != cols["task"][i]:
+            raise ValueError(f"{source}: group {gid!r} rows disagree on prompt_index/task (row {i})")
+        g.samples.append(
+            Sample(
+                group_id=gid,
+                sample_index=cols["sample_index"][i],
+                prompt_token_ids=cols["prompt_token_ids"][i],
+                token_ids=cols["token_ids"][i],
+                logprobs=cols["logprobs"][i],
+                token_versions=cols["token_versions"][i],
+                start_version=cols["start_version"][i],
+                reward=cols["reward"][i],
+                finish_reason=cols["finish_reason"][i],
+            )
+        )
+    for g in groups.values():
+        try:
+            g.validate()
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from e
+    return list(groups.values())
+
+
+def decode_group(data: bytes, source: str) -> Group:
+    """The single group of one Parquet object; ValueError if it holds several."""
+    groups = decode_groups(data, source)
+    if len(groups) != 1:
+        raise ValueError(f"{source}: expected exactly one group, found {len(groups)}")
+    return groups[0]
+
+
+class GroupWriter:
+    """Writes one writer's stream `groups/<writer_id>/<seq>.parquet`, seq 0, 1, 2, ...
+
+    Never overwrites: every PUT is conditional. On first use it resumes after the highest seq already
+    in S3 (a restarted writer continues its stream); a lost race (ObjectExists) advances and retries,
+    except when the object there holds exactly our bytes (our own PUT, retried by botocore).
+    """
+
+    def __init__(self, store: S3Store, paths: RunPaths, writer_id: str) -> None:
+        self.store = store
+        self.paths = paths
+        self.writer_id = check_id("writer_id", writer_id)
+        self._next_seq: int | None = None
+
+    @property
+    def next_seq(self) -> int:
+        if self._next_seq is None:
+            self._next_seq = self._resume_seq()
+        return self._next_seq
+
+    def _resume_seq(self) -> int:
+        highest = -1
+        for key in self.store.list_keys(self.paths.groups_prefix(self.writer_id)):
+            parsed = self.paths.parse_group_key(key)
+            if parsed is not None and parsed[0] == self.writer_id:
+                highest = max(highest, parsed[1])
+        if highest >= 0:
+            log.info("group writer %s resumes at seq %d", self.writer_id, highest + 1)
+        return highest + 1
+
+    def write(self, group: Group) -> str:
+        """Write one group; return its key."""
+        return self.write_many([group])
+
+    def write_many(self, groups: list[Group]) -> str:
+        """Write a few groups as one object; return its key."""
+        data = encode_groups(groups)
+        seq = self.next_seq
+        for _ in range(_MAX_WRITE_ATTEMPTS):
+            key = self.paths.group(self.writer_id, seq)
+            try:
+                self.store.put_bytes(key, data, if_absent=True)
+            except ObjectExists:
+                if self.store.get_bytes(key) == data:
+                    log.debug("group object %s already holds our bytes (retried PUT)", key)
+                else:
+                    log.warning("group object %s already exists; writer %s moves on to seq %d", key, self.writer_id, seq + 1)
+                    seq += 1
+                    continue
+            self._next_seq = seq + 1
+            return key
+        raise RuntimeError(f"writer {self.writer_id}: {_MAX_WRITE_ATTEMPTS} consecutive sequence numbers taken")
+
+
+class GroupReader:
+    """Reads every writer's stream in sequence order, by exact key, round-robin across writers.
+
+    Invariant: `cursors[w]` is the next seq of writer w not yet returned; a group is returned once.
+    """
+
+    def __init__(self, store: S3Store, paths: RunPaths, writers: Iterable[str] = ()) -> None:
+        self.store = store
+        self.paths = paths
+        self._cursors: dict[str, int] = {check_id("writer", w): 0 for w in writers}
+        self._turn = 0
+
+    @property
+    def cursors(self) -> dict[str, int]:
+        """A copy of {writer: next seq to read}; JSON-able, for checkpoints."""
+        return dict(self._cursors)
+
+    def restore(self, cursors: Mapping[str, int]) -> None:
+        """Continue from saved cursors (writers not named keep their cursors)."""
+        for w, seq in cursors.items():
+            check_id("writer", w)
+            if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+                raise ValueError(f"cursors[{w!r}]: expected a non-negative integer, got {seq!r}")
+            self._cursors[w] = seq
+
+    def discover_writers(self) -> list[str]:
+        """Add every writer that has a folder under groups/ (cursor 0 for new ones); return all writers."""
+        base = self.paths.groups_prefix()
+        for prefix in self.store.list_subprefixes(base):
+            name = prefix[len(base) :].rstrip("/")
+            try:
+                check_id("writer", name)
+            except ValueError:
+                log.warning("ignoring unexpected folder %s", prefix)
+                continue
+            self._cursors.setdefault(name, 0)
+        return sorted(self._cursors)
+
+    def poll(self, max_groups: int | None = None, discover: bool = True) -> list[tuple[str, int, Group]]:
+        """Read the groups available now: (writer, seq, group) in round-robin order across writers.
+
+        For each writer it GETs `groups/<w>/<cursor>.parquet` until one is missing (one miss per writer
+        per poll). A group object that does not decode raises ValueError naming its key; the cursor
+        stays on it. Several groups in one object are returned with the same (writer, seq).
+        """
+        if max_groups is not None and max_groups < 1:
+            raise ValueError(f"max_groups: expected >= 1 or None, got {max_groups}")
+        if discover:
+            self.discover_writers()
+        writers = sorted(self._cursors)
+        if not writers:
+            return []
+        active = set(writers)
+        out: list[tuple[str, int, Group]] = []
+        while active and (max_groups is None or len(out) < max_groups):
+            for i in range(len(writers)):
+                w = writers[(self._turn + i) % len(writers)]
+                if w not in active:
+                    continue
+                seq = self._cursors[w]
+                key = self.paths.group(w, seq)
+                data = self.store.get_bytes(key)
+                if data is None:
+                    active.discard(w)
+                    continue
+                out.extend((w, seq, g) for g in decode_groups(data, key))
+                self._cursors[w] = seq + 1
+                self._turn = (writers.index(w) + 1) % len(writers)
+                break
+        return out

@@ -1,0 +1,146 @@
+"""The S3 key layout of one run (DESIGN.md "S3 layout"); pure string logic, no I/O.
+
+Under `<prefix>/<run_id>/` (prefix may be empty):
+    config.json
+    tracking.json                             MLflow tracking URI and run id
+    rendezvous/<role>/<id>.json
+    groups/<writer>/<seq:012d>.parquet        written once, never rewritten
+    versions/latest.json
+    checkpoints/<version>/<name>              committed by writing COMMITTED last
+    done
+Invariants: run ids, role ids and writer ids match `[A-Za-z0-9_-]+` (run ids may also hold '.');
+sequence numbers and versions are non-negative integers; zero-padded sequence numbers make
+lexicographic and numeric order agree.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_ID = re.compile(r"^[A-Za-z0-9_-]+$")
+_RUN_ID = re.compile(r"^[A-Za-z0-9._-]+$")
+_PREFIX = re.compile(r"^[A-Za-z0-9._/-]*$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]+[a-z0-9]$")
+SEQ_DIGITS = 12
+COMMITTED = "COMMITTED"
+
+
+def check_id(kind: str, value: str) -> str:
+    """Return `value` if it is a valid role/writer/server id, else ValueError naming `kind`."""
+    if not isinstance(value, str) or not _ID.match(value):
+        raise ValueError(f"{kind}: expected letters, digits, '_' or '-' only, got {value!r}")
+    return value
+
+
+def _check_int(kind: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{kind}: expected a non-negative integer, got {value!r}")
+    return value
+
+
+def _normalise_prefix(prefix: str) -> str:
+    if not _PREFIX.match(prefix):
+        raise ValueError(f"prefix: expected letters, digits, '.', '_', '-' and '/' only, got {prefix!r}")
+    parts = [p for p in prefix.split("/") if p]
+    if any(p in (".", "..") for p in parts):
+        raise ValueError(f"prefix: '.' and '..' segments are not allowed, got {prefix!r}")
+    return "/".join(parts)
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Key builder for one run. `root` is `<prefix>/<run_id>` (or `<run_id>` with an empty prefix)."""
+
+    prefix: str
+    run_id: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prefix", _normalise_prefix(self.prefix))
+        if not isinstance(self.run_id, str) or not _RUN_ID.match(self.run_id) or self.run_id in (".", ".."):
+            raise ValueError(f"run_id: expected letters, digits, '.', '_' or '-' only, got {self.run_id!r}")
+
+    @property
+    def root(self) -> str:
+        """`<prefix>/<run_id>` (no trailing '/'); every key of the run starts with `root + "/"`."""
+        return f"{self.prefix}/{self.run_id}" if self.prefix else self.run_id
+
+    def file(self, name: str) -> str:
+        """A top-level document of the run: `<root>/<name>` (e.g. run_summary.json)."""
+        if not name or name.startswith("/") or ".." in name.split("/"):
+            raise ValueError(f"run file name: expected a relative key such as 'run_summary.json', got {name!r}")
+        return f"{self.root}/{name}"
+
+    def config(self) -> str:
+        return self.file("config.json")
+
+    def tracking(self) -> str:
+        """`tracking.json`: the MLflow tracking URI and run id, for roles that log to the run."""
+        return self.file("tracking.json")
+
+    def rendezvous_prefix(self, role: str) -> str:
+        return f"{self.root}/rendezvous/{check_id('role', role)}/"
+
+    def rendezvous(self, role: str, id: str) -> str:
+        return f"{self.rendezvous_prefix(role)}{check_id('rendezvous id', id)}.json"
+
+    def groups_prefix(self, writer: str | None = None) -> str:
+        if writer is None:
+            return f"{self.root}/groups/"
+        return f"{self.root}/groups/{check_id('writer', writer)}/"
+
+    def group(self, writer: str, seq: int) -> str:
+        return f"{self.groups_prefix(writer)}{_check_int('seq', seq):0{SEQ_DIGITS}d}.parquet"
+
+    def parse_group_key(self, key: str) -> tuple[str, int] | None:
+        """(writer, seq) of a key built by `group()`, or None for any other key."""
+        base = self.groups_prefix()
+        if not key.startswith(base):
+            return None
+        rest = key[len(base) :].split("/")
+        if len(rest) != 2 or not _ID.match(rest[0]):
+            return None
+        m = re.fullmatch(rf"(\d{{{SEQ_DIGITS}}})\.parquet", rest[1])
+        return (rest[0], int(m.group(1))) if m else None
+
+    def versions_latest(self) -> str:
+        return self.file("versions/latest.json")
+
+    def checkpoints_root(self) -> str:
+        return self.file("checkpoints/")
+
+    def checkpoint_prefix(self, version: int) -> str:
+        return f"{self.checkpoints_root()}{_check_int('version', version)}/"
+
+    def checkpoint(self, version: int, name: str) -> str:
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"checkpoint file name: expected a plain file name, got {name!r}")
+        return self.checkpoint_prefix(version) + name
+
+    def checkpoint_committed(self, version: int) -> str:
+        return self.checkpoint(version, COMMITTED)
+
+    def done(self) -> str:
+        return self.file("done")
+
+
+def parse_run_url(url: str) -> tuple[str, str, str]:
+    """`s3://bucket/prefix/.../run_id` -> (bucket, prefix, run_id); the prefix may be empty."""
+    if not url.startswith("s3://"):
+        raise ValueError(f"run url: expected s3://bucket/prefix/run_id, got {url!r}")
+    parts = [p for p in url[len("s3://") :].split("/") if p]
+    if len(parts) < 2:
+        raise ValueError(f"run url: expected s3://bucket/prefix/run_id (bucket and run id at least), got {url!r}")
+    bucket, run_id, prefix = parts[0], parts[-1], "/".join(parts[1:-1])
+    if not _BUCKET.match(bucket):
+        raise ValueError(f"run url {url!r}: bucket {bucket!r} is not a valid S3 bucket name")
+    paths = RunPaths(prefix, run_id)  # validates prefix and run id
+    return bucket, paths.prefix, paths.run_id
+
+
+def run_url(bucket: str, prefix: str, run_id: str) -> str:
+    """The inverse of `parse_run_url`."""
+    if not _BUCKET.match(bucket):
+        raise ValueError(f"bucket: expected a valid S3 bucket name, got {bucket!r}")
+    paths = RunPaths(prefix, run_id)
+    return f"s3://{bucket}/{paths.root}"

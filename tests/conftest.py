@@ -1,0 +1,40 @@
+"""Shared pytest fixtures: one embedded S3 server per test session, a fresh bucket per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from asyncrl.local.seaweed import EmbeddedS3
+from asyncrl.transport.s3 import S3Store
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
+    """A real SeaweedFS server on loopback; its credentials are exported to os.environ for boto3."""
+    server = EmbeddedS3(tmp_path_factory.mktemp("s3") / "data")
+    server.start(timeout_s=90)
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ["AWS_ACCESS_KEY_ID"] = server.access_key
+    os.environ["AWS_SECRET_ACCESS_KEY"] = server.secret_key
+    try:
+        yield server
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def s3_store(s3_server: EmbeddedS3) -> Iterator[S3Store]:
+    """An S3Store on a fresh, empty bucket of the session server."""
+    store = S3Store(s3_server.endpoint_url, f"test-{uuid.uuid4().hex[:16]}", timeout_s=15.0)
+    store.ensure_bucket()
+    yield store
+    store.close()
