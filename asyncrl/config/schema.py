@@ -37,7 +37,6 @@ class ModelConfig(_Section):
         "", description="Hugging Face model folder. Empty: the built-in tiny model, built and cached under cache_dir."
     )
     tiny: TinyModelConfig = TinyModelConfig()
-    dtype: Literal["float32", "bfloat16"] = "float32"
 
 
 class TaskConfig(_Section):

@@ -1,0 +1,102 @@
+"""Turn the groups of one training step into padded tensors (`TrainBatch`). Pure, no I/O.
+
+Layout of sample i with prompt P (p tokens) and response R (n tokens): row i of `input_ids` is P + R
+right-padded with `pad_id` to T = the longest p + n of the batch. Every per-token tensor is
+*label-aligned*: column j describes the token `input_ids[i, j]` itself. The response tokens sit at
+columns p .. p+n−1, so `response_mask[i, p:p+n] = 1`, `behav_logprobs[i, p+k]` is the engine's
+log-prob of response token k, and `advantages[i, p:p+n] = A_i`. The model predicts column j from
+the logits at column j − 1: `logp[:, j] = log_softmax(logits[:, j−1])[input_ids[:, j]]` for j ≥ 1,
+and column 0 (always a prompt token, never a response token) is 0 (see `PolicyTrainer.logprobs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+from asyncrl.training.advantages import group_advantages
+from asyncrl.types import Group
+
+
+@dataclass
+class TrainBatch:
+    """One step's samples as tensors. S = samples, T = padded length; see the module docstring."""
+
+    input_ids: Tensor  # [S, T] long, prompt + response, right-padded with pad_id
+    attention_mask: Tensor  # [S, T] long, 1 on prompt and response tokens
+    response_mask: Tensor  # [S, T] float, 1 on response tokens (label-aligned)
+    behav_logprobs: Tensor  # [S, T] float, engine log-probs at response columns, 0 elsewhere
+    advantages: Tensor  # [S, T] float, the sample's advantage at response columns, 0 elsewhere
+    token_versions: Tensor  # [S, T] long, policy version of each response token, -1 elsewhere
+    rewards: Tensor  # [S] float
+    prompt_lengths: Tensor  # [S] long
+    response_lengths: Tensor  # [S] long
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        """Response tokens of the batch (the token-mean denominator)."""
+        return int(self.response_lengths.sum())
+
+    @property
+    def num_nonempty(self) -> int:
+        """Samples with at least one response token (the seq-mean-token-mean denominator)."""
+        return int((self.response_lengths > 0).sum())
+
+    def split(self, micro_batch_size: int) -> list[TrainBatch]:
+        """Consecutive micro batches of at most `micro_batch_size` samples, each trimmed to its longest row."""
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size: expected >= 1, got {micro_batch_size}")
+        out = []
+        for start in range(0, self.num_samples, micro_batch_size):
+            rows = slice(start, start + micro_batch_size)
+            t_len = int((self.prompt_lengths[rows] + self.response_lengths[rows]).max())
+            parts = {}
+            for f in fields(self):
+                t = getattr(self, f.name)[rows]
+                parts[f.name] = t[:, :t_len] if t.dim() == 2 else t
+            out.append(TrainBatch(**parts))
+        return out
+
+
+def build_batch(groups: list[Group], norm_std: bool, pad_id: int) -> TrainBatch:
+    """Build the batch of `groups` (in order, samples in group order) with GRPO advantages per group."""
+    if not groups:
+        raise ValueError("build_batch: expected at least one group, got none")
+    advs = group_advantages(groups, norm_std=norm_std)
+    samples = [(s, float(a)) for g, ga in zip(groups, advs, strict=True) for s, a in zip(g.samples, ga, strict=True)]
+    n_rows = len(samples)
+    t_len = max(len(s.prompt_token_ids) + len(s.token_ids) for s, _ in samples)
+    input_ids = torch.full((n_rows, t_len), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((n_rows, t_len), dtype=torch.long)
+    response_mask = torch.zeros((n_rows, t_len), dtype=torch.float32)
+    behav = torch.zeros((n_rows, t_len), dtype=torch.float32)
+    adv = torch.zeros((n_rows, t_len), dtype=torch.float32)
+    versions = torch.full((n_rows, t_len), -1, dtype=torch.long)
+    for i, (s, a) in enumerate(samples):
+        s.validate()
+        p, n = len(s.prompt_token_ids), len(s.token_ids)
+        input_ids[i, :p] = torch.tensor(s.prompt_token_ids, dtype=torch.long)
+        attention_mask[i, : p + n] = 1
+        if n:
+            input_ids[i, p : p + n] = torch.tensor(s.token_ids, dtype=torch.long)
+            response_mask[i, p : p + n] = 1.0
+            behav[i, p : p + n] = torch.tensor(s.logprobs, dtype=torch.float32)
+            adv[i, p : p + n] = a
+            versions[i, p : p + n] = torch.tensor(s.token_versions, dtype=torch.long)
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_mask=response_mask,
+        behav_logprobs=behav,
+        advantages=adv,
+        token_versions=versions,
+        rewards=torch.tensor([s.reward for s, _ in samples], dtype=torch.float32),
+        prompt_lengths=torch.tensor([len(s.prompt_token_ids) for s, _ in samples], dtype=torch.long),
+        response_lengths=torch.tensor([len(s.token_ids) for s, _ in samples], dtype=torch.long),
+    )

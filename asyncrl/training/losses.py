@@ -1,0 +1,263 @@
+"""Per-token policy losses and their aggregation (ALGORITHMS.md §3). Pure torch, no I/O.
+
+Notation (all tensors [S, T], label-aligned as in `TrainBatch`): `logp` = log π_θ (with grad),
+`prox` = log π_prox (no grad), `behav` = log π_behav (the engine's log-probs), `adv` = advantage,
+`mask` = 1 on tokens the policy produced. `r = exp(logp − prox)`, `w = exp(prox − behav)`,
+`sg` = detach.
+
+Invariants:
+- masked positions contribute nothing to the loss or its gradient, whatever their inputs hold;
+- a token that a loss option drops (w outside [lo, hi], the CISPO unified mask) gets loss 0 but
+  stays in the aggregation denominator, so dropping tokens never rescales the others;
+- with explicit denominators (`num_samples` / `num_tokens` of the whole batch), the losses of the
+  micro batches of one batch sum to the loss of the whole batch (exact gradient accumulation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from asyncrl.config.schema import TrainingConfig
+
+
+@dataclass
+class TokenLoss:
+    """A per-token loss with its diagnostics (bool tensors, same shape as the loss)."""
+
+    loss: Tensor
+    weight: Tensor  # the raw importance weight of this loss, detached (before any cap)
+    clipped: Tensor  # the clip/clamp of this loss changed the token's term
+    capped: Tensor  # the importance weight was capped (or clamped)
+    dropped: Tensor  # the token was masked out by a loss option
+
+
+def _none(x: Tensor) -> Tensor:
+    return torch.zeros_like(x, dtype=torch.bool)
+
+
+def ppo_token_loss(
+    logp: Tensor, prox: Tensor, adv: Tensor, clip_low: float, clip_high: float, dual_clip: float | None = None
+) -> TokenLoss:
+    """`ℓ = −min(r·A, clip(r, 1−ε_lo, 1+ε_hi)·A)`, `r = exp(logp − prox)`.
+
+    Dual clip `c` (None = off): for A < 0, `ℓ = min(ℓ, −c·A)`. `clipped` marks tokens where the clipped
+    term is the one taken: (A > 0 and r > 1+ε_hi) or (A < 0 and r < 1−ε_lo), or where the dual clip bit.
+    """
+    ratio = torch.exp(logp - prox)
+    unclipped = -ratio * adv
+    clipped_term = -torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+    loss = torch.maximum(unclipped, clipped_term)
+    r = ratio.detach()
+    clipped = ((adv > 0) & (r > 1.0 + clip_high)) | ((adv < 0) & (r < 1.0 - clip_low))
+    if dual_clip is not None:
+        bound = -dual_clip * adv
+        dual = (adv < 0) & (loss.detach() > bound)
+        loss = torch.where(dual, bound, loss)
+        clipped = clipped | dual
+    return TokenLoss(loss=loss, weight=r, clipped=clipped, capped=_none(r), dropped=_none(r))
+
+
+def decoupled_ppo_token_loss(
+    logp: Tensor,
+    prox: Tensor,
+    behav: Tensor,
+    adv: Tensor,
+    clip_low: float,
+    clip_high: float,
+    w_max: float,
+    w_mask: tuple[float, float] | None = None,
+    dual_clip: float | None = None,
+) -> TokenLoss:
+    """`ℓ = −sg(min(w, w_max)) · min(r·A, clip(r, 1−ε_lo, 1+ε_hi)·A)`, `w = exp(prox − behav)`.
+
+    With `w_mask = (lo, hi)` the token is dropped (ℓ = 0) when w is outside [lo, hi], and w is not capped.
+    The PPO part is `ppo_token_loss` (dual clip included when set).
+    """
+    inner = ppo_token_loss(logp, prox, adv, clip_low, clip_high, dual_clip)
+    w = torch.exp(prox - behav).detach()
+    if w_mask is not None:
+        lo, hi = w_mask
+        dropped = (w < lo) | (w > hi)
+        weight = torch.where(dropped, torch.zeros_like(w), w)
+        capped = _none(w)
+    else:
+        capped = w > w_max
+        dropped = _none(w)
+        weight = torch.clamp(w, max=w_max)
+    return TokenLoss(loss=weight * inner.loss, weight=w, clipped=inner.clipped, capped=capped, dropped=dropped)
+
+
+def tis_token_loss(logp: Tensor, behav: Tensor, adv: Tensor, cap: float) -> TokenLoss:
+    """`ℓ = −sg(clamp(exp(logp − behav), 0, c)) · A · logp` (truncated importance sampling)."""
+    ratio = torch.exp(logp - behav).detach()
+    capped = ratio > cap
+    loss = -torch.clamp(ratio, 0.0, cap) * adv * logp
+    return TokenLoss(loss=loss, weight=ratio, clipped=capped, capped=capped, dropped=_none(ratio))
+
+
+def cispo_token_loss(
+    logp: Tensor, behav: Tensor, adv: Tensor, eps_low: float, eps_high: float, unified_mask: bool = False
+) -> TokenLoss:
+    """`ℓ = −sg(clamp(exp(logp − behav), 1−ε_lo, 1+ε_hi)) · A · logp` (CISPO).
+
+    Unified mask: drop the token (ℓ = 0) where (A > 0 and ratio > 1+ε_hi) or (A < 0 and ratio < 1−ε_lo).
+    """
+    ratio = torch.exp(logp - behav).detach()
+    clamped = (ratio > 1.0 + eps_high) | (ratio < 1.0 - eps_low)
+    loss = -torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv * logp
+    if unified_mask:
+        dropped = ((adv > 0) & (ratio > 1.0 + eps_high)) | ((adv < 0) & (ratio < 1.0 - eps_low))
+        loss = torch.where(dropped, torch.zeros_like(loss), loss)
+    else:
+        dropped = _none(ratio)
+    return TokenLoss(loss=loss, weight=ratio, clipped=clamped, capped=clamped, dropped=dropped)
+
+
+def topr_token_loss(
+    logp: Tensor, behav: Tensor, adv: Tensor, positive: Tensor, pos_weight: float, neg_weight: float
+) -> TokenLoss:
+    """Tapered off-policy REINFORCE.
+
+    Positive samples (reward > 0): `ℓ = −w⁺ · A · logp`; the rest:
+    `ℓ = −w⁻ · sg(clamp(exp(logp − behav), 0, 1)) · A · logp`.
+    """
+    ratio = torch.exp(logp - behav).detach()
+    neg_w = torch.clamp(ratio, 0.0, 1.0)
+    coef = torch.where(positive, torch.full_like(ratio, pos_weight), neg_weight * neg_w)
+    capped = (~positive) & (ratio > 1.0)
+    return TokenLoss(loss=-coef * adv * logp, weight=ratio, clipped=capped, capped=capped, dropped=_none(ratio))
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k3 estimator of KL(π_θ‖π_ref) per token: `exp(ref − logp) − (ref − logp) − 1` (≥ 0)."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1.0
+
+
+def aggregate(values: Tensor, mask: Tensor, mode: str, denom: float | None = None) -> Tensor:
+    """Aggregate per-token values [S, T] over `mask`.
+
+    "seq-mean-token-mean": `Σ_i (Σ_t v_it m_it / Σ_t m_it) / denom`, denom defaulting to the number of
+    samples with at least one token. "token-mean": `Σ_it v_it m_it / denom`, denom defaulting to Σ m.
+    """
+    mask = mask.to(values.dtype)
+    if mode == "token-mean":
+        d = denom if denom is not None else mask.sum().clamp(min=1.0)
+        return (values * mask).sum() / d
+    if mode == "seq-mean-token-mean":
+        lengths = mask.sum(-1)
+        per_seq = (values * mask).sum(-1) / lengths.clamp(min=1.0)
+        d = denom if denom is not None else (lengths > 0).sum().clamp(min=1)
+        return per_seq.sum() / d
+    raise ValueError(f"training.aggregation: expected 'seq-mean-token-mean' or 'token-mean', got {mode!r}")
+
+
+def _token_loss(cfg: TrainingConfig, logp: Tensor, prox: Tensor, behav: Tensor, adv: Tensor, positive: Tensor) -> TokenLoss:
+    if cfg.loss == "ppo":
+        return ppo_token_loss(logp, prox, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
+    if cfg.loss == "decoupled_ppo":
+        return decoupled_ppo_token_loss(
+            logp, prox, behav, adv, cfg.clip_low, cfg.clip_high, cfg.w_max, cfg.w_mask, cfg.dual_clip
+        )
+    if cfg.loss == "tis":
+        return tis_token_loss(logp, behav, adv, cfg.tis_cap)
+    if cfg.loss == "cispo":
+        return cispo_token_loss(logp, behav, adv, cfg.cispo_eps_low, cfg.cispo_eps_high, cfg.cispo_unified_mask)
+    if cfg.loss == "topr":
+        return topr_token_loss(logp, behav, adv, positive, cfg.topr_pos_weight, cfg.topr_neg_weight)
+    raise ValueError(f"training.loss: unknown loss {cfg.loss!r}")
+
+
+def policy_loss(
+    cfg: TrainingConfig,
+    logp: Tensor,
+    prox: Tensor,
+    behav: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    rewards: Tensor,
+    ref_logp: Tensor | None = None,
+    entropy: Tensor | None = None,
+    num_samples: float | None = None,
+    num_tokens: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """The loss of `cfg.loss`: `agg(ℓ_t·m_t) + kl_coef·agg(KL_k3) − ent_coef·agg(H_t)`, and its metrics.
+
+    All per-token tensors are [S, T]; `rewards` is per sample [S] or per token [S, T] (topr splits
+    positive/negative by reward > 0). `num_samples` / `num_tokens` are the aggregation denominators of
+    the whole batch (for micro batches); by default those of this call. Metrics are means over this
+    call's masked tokens except `*_max` (max) and `tokens` (count); merge micro batches with
+    `merge_metrics`.
+    """
+    shape = logp.shape
+    for name, t in (("prox", prox), ("behav", behav), ("adv", adv), ("mask", mask)):
+        if t.shape != shape:
+            raise ValueError(f"policy_loss: {name} expected shape {tuple(shape)}, got {tuple(t.shape)}")
+    m = mask.bool()
+    zero = torch.zeros_like(logp)
+    # Masked positions may hold anything (prompt, padding): neutralise them so no inf/nan leaks in.
+    logp = torch.where(m, logp, zero)
+    prox = torch.where(m, prox.detach(), zero)
+    behav = torch.where(m, behav.detach(), zero)
+    adv = torch.where(m, adv.detach(), zero)
+    positive = (rewards > 0) if rewards.dim() == 2 else (rewards > 0).unsqueeze(-1).expand(shape)
+    tok = _token_loss(cfg, logp, prox, behav, adv, positive)
+    denom = num_tokens if cfg.aggregation == "token-mean" else num_samples
+    pg = aggregate(tok.loss, m, cfg.aggregation, denom)
+    loss = pg
+    metrics: dict[str, float] = {}
+    if cfg.kl_coef > 0:
+        if ref_logp is None:
+            raise ValueError("policy_loss: training.kl_coef > 0 needs ref_logp")
+        kl = kl_k3(logp, torch.where(m, ref_logp.detach(), zero))
+        loss = loss + cfg.kl_coef * aggregate(kl, m, cfg.aggregation, denom)
+        metrics["kl_ref"] = _masked_mean(kl.detach(), m)
+    if entropy is not None:
+        ent = torch.where(m, entropy, zero)
+        if cfg.ent_coef > 0:
+            loss = loss - cfg.ent_coef * aggregate(ent, m, cfg.aggregation, denom)
+        metrics["entropy"] = _masked_mean(ent.detach(), m)
+    with torch.no_grad():
+        log_r = logp.detach() - prox
+        metrics.update(
+            loss=float(loss.detach()),
+            pg_loss=float(pg.detach()),
+            clip_fraction=_masked_mean(tok.clipped.float(), m),
+            capped_fraction=_masked_mean(tok.capped.float(), m),
+            masked_fraction=_masked_mean(tok.dropped.float(), m),
+            iw_mean=_masked_mean(tok.weight, m),
+            iw_max=float(tok.weight[m].max()) if m.any() else 0.0,
+            approx_kl=_masked_mean(torch.exp(log_r) - 1.0 - log_r, m),
+            behav_prox_abs_diff=_masked_mean((behav - prox).abs(), m),
+            tokens=float(m.sum()),
+        )
+    return loss, metrics
+
+
+def _masked_mean(x: Tensor, m: Tensor) -> float:
+    n = int(m.sum())
+    return float((x * m).sum() / n) if n else 0.0
+
+
+def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """Merge the metrics of the micro batches of one batch.
+
+    `loss`/`pg_loss` add up (each micro loss already carries the batch denominator), `tokens` adds up,
+    `*_max` take the max, everything else is a token-weighted mean.
+    """
+    if not parts:
+        return {}
+    total = sum(p.get("tokens", 0.0) for p in parts)
+    out: dict[str, float] = {}
+    for key in parts[0]:
+        vals = [p[key] for p in parts]
+        if key in ("loss", "pg_loss", "tokens"):
+            out[key] = float(sum(vals))
+        elif key.endswith("_max"):
+            out[key] = float(max(vals))
+        else:
+            out[key] = float(sum(v * p.get("tokens", 0.0) for v, p in zip(vals, parts, strict=True)) / total) if total else 0.0
+    return out

@@ -1,0 +1,339 @@
+"""The DeepSpeed policy trainer: one engine around a Hugging Face causal LM, trained on `TrainBatch`es.
+
+Owns: process-group setup for a single process (gloo, world size 1 unless a launcher set the env),
+`deepspeed.initialize` with a torch AdamW, token log-probs at the sampling temperature, one optimizer
+step per batch with exact gradient accumulation over micro batches, full HF-named weights for the
+broadcast, and model/optimizer state for checkpoints (plain tensors, safetensors-ready).
+
+Invariants:
+- one `train_step` = one optimizer step; the proximal log-probs are the policy's log-probs at the
+  start of that step. Since the weights do not change before the single optimizer step and the
+  model runs in eval mode (no dropout), `prox = logp.detach()` of the same forward is exact and saves
+  a forward pass; `logprobs()` computes the same numbers on its own.
+- log-probs are label-aligned (see `asyncrl.training.batch`): column j is the log-prob of
+  `input_ids[:, j]` from the logits at j − 1, with logits divided by the temperature (as vLLM's
+  processed log-probs).
+- names are those of `model.named_parameters()`: a tied `lm_head.weight` does not appear.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import socket
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from asyncrl.config.schema import TrainingConfig
+from asyncrl.training.batch import TrainBatch
+from asyncrl.training.deepspeed_config import deepspeed_config
+from asyncrl.training.losses import merge_metrics, policy_loss
+
+log = logging.getLogger(__name__)
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ensure_dist_env() -> None:
+    """Fill in the torch.distributed env of a lone process (rank 0 of 1) where a launcher did not."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(_free_port())
+    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(key, value)
+
+
+def _skip_deepspeed_op_builds() -> None:
+    """Keep DeepSpeed from JIT-compiling its CPU shared-memory all-reduce op at init (~85 s, once).
+
+    DeepSpeed's TorchBackend builds `deepspeed_shm_comm` when `deepspeed.ops.__compatible_ops__` says
+    it can (probing that also runs compilers); the op only serves `inference_all_reduce`, never
+    training. Setting the (lazily computed) table to empty makes `build_shm_op` return None.
+    """
+    import deepspeed.ops
+
+    if "__compatible_ops__" not in vars(deepspeed.ops):
+        deepspeed.ops.__compatible_ops__ = {}
+
+
+class PolicyTrainer:
+    """A DeepSpeed engine (ZeRO stage `cfg.zero_stage`) around the HF model at `model_path`."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        cfg: TrainingConfig,
+        dtype: str = "float32",
+        batch_size: int | None = None,
+        timeout_s: float = 300.0,
+    ) -> None:
+        if dtype != "float32":
+            raise ValueError(f"dtype: the CPU trainer trains in float32, got {dtype!r}")
+        t0 = time.monotonic()
+        self.cfg = cfg
+        ensure_dist_env()
+        self._owns_group = not dist.is_initialized()
+        if self._owns_group:
+            dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+        _skip_deepspeed_op_builds()
+        import deepspeed
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(cfg.seed)
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+        model.config.use_cache = False
+        self._ref = None
+        if cfg.kl_coef > 0:
+            self._ref = copy.deepcopy(model).eval().requires_grad_(False)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        ds_cfg = deepspeed_config(cfg, batch_size, dist.get_world_size())
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_cfg)
+        self.engine.eval()  # no dropout: prox == logp at the step start
+        self.stage = int(self.engine.zero_optimization_stage())
+        self.init_seconds = time.monotonic() - t0
+        log.info("PolicyTrainer ready: ZeRO stage %d, init %.1f s", self.stage, self.init_seconds)
+
+    # ---- forward -------------------------------------------------------------------------------
+
+    def _forward(self, mb: TrainBatch, temperature: float, need_entropy_grad: bool) -> tuple[Tensor, Tensor]:
+        """Label-aligned token log-probs [S, T] (with grad when grad is enabled) and entropies [S, T]."""
+        out = self.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+        logits = out.logits[:, :-1].float() / temperature
+        logsm = torch.log_softmax(logits, dim=-1)
+        logp = logsm.gather(-1, mb.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        with torch.set_grad_enabled(need_entropy_grad and torch.is_grad_enabled()):
+            src = logsm if need_entropy_grad else logsm.detach()
+            entropy = -(src.exp() * src).sum(-1)
+        return F.pad(logp, (1, 0)), F.pad(entropy, (1, 0))
+
+    def _ref_logprobs(self, mb: TrainBatch, temperature: float) -> Tensor | None:
+        if self._ref is None:
+            return None
+        with torch.no_grad():
+            logits = self._ref(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
+            logsm = torch.log_softmax(logits.float() / temperature, dim=-1)
+            return F.pad(logsm.gather(-1, mb.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1), (1, 0))
+
+    @torch.no_grad()
+    def logprobs(self, batch: TrainBatch, temperature: float = 1.0) -> Tensor:
+        """Label-aligned log-probs [S, T] of `batch` under the current weights (0 at column 0)."""
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        row = 0
+        for mb in batch.split(self.cfg.micro_batch_size):
+            lp, _ = self._forward(mb, temperature, need_entropy_grad=False)
+            out[row : row + mb.num_samples, : lp.shape[1]] = lp
+            row += mb.num_samples
+        return out
+
+    # ---- training ------------------------------------------------------------------------------
+
+    def train_step(
+        self, batch: TrainBatch, temperature: float = 1.0, micro_batch_size: int | None = None
+    ) -> dict[str, float]:
+        """One optimizer step on `batch`, accumulating gradients over its micro batches.
+
+        Each micro loss carries the batch's aggregation denominators, so the accumulated gradient is
+        the gradient of the whole batch's loss. Returns the merged loss metrics plus `grad_norm`
+        (before clipping) and `entropy` (mean over response tokens).
+        """
+        micro = batch.split(micro_batch_size or self.cfg.micro_batch_size)
+        parts = []
+        for i, mb in enumerate(micro):
+            self.engine.set_gradient_accumulation_boundary(i == len(micro) - 1)
+            logp, entropy = self._forward(mb, temperature, need_entropy_grad=self.cfg.ent_coef > 0)
+            loss, metrics = policy_loss(
+                self.cfg,
+                logp,
+                logp.detach(),
+                mb.behav_logprobs,
+                mb.advantages,
+                mb.response_mask,
+                mb.rewards,
+                ref_logp=self._ref_logprobs(mb, temperature),
+                entropy=entropy,
+                num_samples=max(batch.num_nonempty, 1),
+                num_tokens=max(batch.num_tokens, 1),
+            )
+            self.engine.backward(loss, scale_wrt_gas=False)
+            parts.append(metrics)
+        grad_norm = self._grad_norm_stage0() if self.stage == 0 else None
+        self.engine.step()
+        if grad_norm is None:
+            norm = self.engine.get_global_grad_norm()
+            grad_norm = float(norm) if norm is not None else float("nan")
+        out = merge_metrics(parts)
+        out["grad_norm"] = grad_norm
+        return out
+
+    def _grad_norm_stage0(self) -> float:
+        norms = [p.grad.detach().norm() for p in self.engine.module.parameters() if p.grad is not None]
+        return float(torch.stack(norms).norm()) if norms else 0.0
+
+    # ---- weights and state ---------------------------------------------------------------------
+
+    def _named_params(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return list(self.engine.module.named_parameters())
+
+    def named_weights(self) -> list[tuple[str, Tensor]]:
+        """Full float32 CPU copies of every parameter, HF names, in `named_parameters()` order."""
+        params = self._named_params()
+        if self.stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None):
+                return [(n, p.detach().float().cpu().clone()) for n, p in params]
+        return [(n, p.detach().float().cpu().clone()) for n, p in params]
+
+    def model_state(self) -> dict[str, Tensor]:
+        """Contiguous CPU clones of every parameter (tied weights once), for safetensors."""
+        return {n: t.contiguous() for n, t in self.named_weights()}
+
+    def _base_optimizer(self) -> torch.optim.Optimizer:
+        opt = self.engine.optimizer
+        return opt if self.stage == 0 else opt.optimizer
+
+    def optimizer_state(self) -> dict[str, Tensor]:
+        """AdamW state as flat named tensors: `step` (0-dim) and `exp_avg.<param>`, `exp_avg_sq.<param>`.
+
+        The same format under every ZeRO stage (full, unpartitioned moments); before the first step
+        only `step` = 0.
+        """
+        base = self._base_optimizer()
+        if not base.state:
+            return {"step": torch.tensor(0.0)}
+        step = float(next(iter(base.state.values()))["step"])
+        out = {"step": torch.tensor(step)}
+        for name, p in self._named_params():
+            for key in MOMENTS:
+                out[f"{key}.{name}"] = self._get_moment(base, p, key).float().cpu().clone().contiguous()
+        return out
+
+    def _get_moment(self, base: torch.optim.Optimizer, p: torch.nn.Parameter, key: str) -> Tensor:
+        if self.stage == 0:
+            return base.state[p][key].detach()
+        from deepspeed.utils import safe_get_full_optimizer_state
+
+        t = safe_get_full_optimizer_state(p, key)
+        shape = getattr(p, "ds_shape", p.shape)
+        return t.reshape(shape)
+
+    def load_state(self, model_state: dict[str, Tensor], optimizer_state: dict[str, Tensor] | None = None) -> None:
+        """Load `model_state()` / `optimizer_state()` output (checkpoint resume)."""
+        params = self._named_params()
+        names = {n for n, _ in params}
+        missing, extra = sorted(names - set(model_state)), sorted(set(model_state) - names)
+        if missing or extra:
+            raise ValueError(f"model_state: missing parameters {missing[:5]}, unexpected {extra[:5]}")
+        for n, p in params:
+            shape = tuple(getattr(p, "ds_shape", p.shape))
+            if tuple(model_state[n].shape) != shape:
+                raise ValueError(f"model_state[{n!r}]: expected shape {shape}, got {tuple(model_state[n].shape)}")
+        self._load_weights(params, model_state)
+        if optimizer_state is not None:
+            self._load_optimizer(params, optimizer_state)
+
+    def _load_weights(self, params: list[tuple[str, torch.nn.Parameter]], state: dict[str, Tensor]) -> None:
+        import deepspeed
+        from deepspeed.utils import safe_set_full_fp32_param
+
+        if self.stage == 3:
+            with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=0), torch.no_grad():
+                for n, p in params:
+                    p.data.copy_(state[n])
+        else:
+            with torch.no_grad():
+                for n, p in params:
+                    p.data.copy_(state[n])
+        if self.stage > 0:  # the optimizer's fp32 master partitions are separate copies
+            for n, p in params:
+                safe_set_full_fp32_param(p, state[n].float())
+
+    def _load_optimizer(self, params: list[tuple[str, torch.nn.Parameter]], state: dict[str, Tensor]) -> None:
+        """Overwrite AdamW's moments and step in place (DeepSpeed keeps views into the state tensors).
+
+        `step` = 0 writes zero moments: the same as a fresh AdamW.
+        """
+        if "step" not in state:
+            raise ValueError("optimizer_state: missing 'step'")
+        step = float(state["step"])
+        base = self._base_optimizer()
+        if not base.state:
+            self._materialise_optimizer_state()
+        from deepspeed.utils import safe_set_full_optimizer_state
+
+        for n, p in params:
+            shape = tuple(getattr(p, "ds_shape", p.shape))
+            for key in MOMENTS:
+                value = state.get(f"{key}.{n}")
+                if value is None:
+                    if step > 0:
+                        raise ValueError(f"optimizer_state: missing {key}.{n}")
+                    value = torch.zeros(shape)
+                if tuple(value.shape) != shape:
+                    raise ValueError(f"optimizer_state[{key}.{n}]: expected shape {shape}, got {tuple(value.shape)}")
+                if self.stage == 0:
+                    base.state[p][key].copy_(value)
+                else:
+                    safe_set_full_optimizer_state(p, value.float(), key)
+        for s in base.state.values():
+            s["step"] = torch.tensor(step)
+
+    def _materialise_optimizer_state(self) -> None:
+        """Create AdamW's lazy state (and DeepSpeed's links to it) with a no-op engine step.
+
+        Zero gradients at lr 0 leave every weight unchanged; the moments and step are overwritten next.
+        """
+        groups = self.engine.optimizer.param_groups
+        lrs = [g["lr"] for g in groups]
+        for g in groups:
+            g["lr"] = 0.0
+        try:
+            self.engine.set_gradient_accumulation_boundary(True)
+            ids = torch.zeros((1, 2), dtype=torch.long)
+            logits = self.engine(input_ids=ids, use_cache=False).logits
+            self.engine.backward(logits.sum() * 0.0, scale_wrt_gas=False)
+            self.engine.step()
+        finally:
+            for g, lr in zip(groups, lrs, strict=True):
+                g["lr"] = lr
+
+    def close(self) -> None:
+        """Release the engine and destroy the process group if this trainer created it."""
+        destroy = getattr(self.engine, "destroy", None)
+        if callable(destroy):
+            destroy()
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            _forget_deepspeed_groups()
+
+
+def _forget_deepspeed_groups() -> None:
+    """Drop DeepSpeed's module-level caches of the destroyed process group.
+
+    `deepspeed.utils.groups` caches a clone of the world group and `deepspeed.comm` its backend; a
+    later `deepspeed.initialize` in the same process would use the dead group ("Group ... is not
+    registered") without this.
+    """
+    import deepspeed.comm.comm as ds_comm
+    from deepspeed.utils import groups
+
+    groups._WORLD_GROUP = None
+    groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
+    groups._DATA_PARALLEL_GROUP = None
+    groups._MODEL_PARALLEL_GROUP = None
+    for cache in (groups._EXPERT_PARALLEL_GROUP, groups._EXPERT_DATA_PARALLEL_GROUP, groups._ALL_TO_ALL_GROUP):
+        cache.clear()
+    ds_comm.cdb = None
