@@ -1,0 +1,263 @@
+"""The generation engine: a thin wrapper around vLLM's `AsyncLLM` (token ids in, token ids out).
+
+Owns: starting/stopping vLLM, one request's life (`generate`, `abort`), the load figures of `/health`,
+and the weight-update sequence (pause keep → receive → reset prefix cache → new version → resume).
+
+Invariants:
+- `version` is the policy version of the weights serving new tokens; vLLM labels each output token with
+  the version set by `update_weight_version`, so a request that spans an update reports per-token versions
+  (non-decreasing, each >= its `start_version`);
+- one weight update at a time (a lock); generation is paused only while the weights are being replaced;
+- `/generate` returns exactly one log-prob and one version per returned token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "asyncrl.generation.worker_extension.WeightSyncExtension"
+
+
+@dataclass
+class EngineSettings:
+    model: str
+    max_model_len: int = 256
+    kv_cache_gib: float = 0.25
+    max_num_seqs: int = 64
+    seed: int = 0
+    dtype: str = "float32"
+    enforce_eager: bool = True
+    work_dir: str | None = None  # VLLM_RPC_BASE_PATH / VLLM_CACHE_ROOT live here when set
+
+
+@dataclass
+class GenerateParams:
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine cannot serve (a weight update failed half-way); retry after a successful update."""
+
+
+class RequestConflict(ValueError):
+    """A request id that is already in flight."""
+
+
+@dataclass
+class _InFlight:
+    max_tokens: int
+    generated: int = 0
+
+
+def token_versions_from_spans(spans: list[Any] | None, n: int, default: int) -> list[int]:
+    """One version per output token from vLLM's `WeightVersionSpan`s ([start, end) → version string)."""
+    out = [default] * n
+    for span in spans or []:
+        v = int(span.version)
+        for i in range(max(0, span.start), min(n, span.end)):
+            out[i] = v
+    return out
+
+
+class GenerationEngine:
+    """One vLLM `AsyncLLM` plus the bookkeeping the HTTP server needs. Create with `await start(settings)`."""
+
+    def __init__(self, llm: Any, settings: EngineSettings) -> None:
+        self.llm = llm
+        self.settings = settings
+        self.version = 0
+        self._inflight: dict[str, _InFlight] = {}
+        self._update_lock = asyncio.Lock()
+        self.weights_initialised = False
+        self.failed: str | None = None  # set when a weight update failed half-way (model unusable)
+
+    @classmethod
+    async def start(cls, settings: EngineSettings) -> GenerationEngine:
+        if settings.work_dir:
+            os.makedirs(settings.work_dir, exist_ok=True)
+            os.environ.setdefault("VLLM_RPC_BASE_PATH", os.path.join(settings.work_dir, "rpc"))
+            os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(settings.work_dir, "vllm-cache"))
+            os.makedirs(os.environ["VLLM_RPC_BASE_PATH"], exist_ok=True)
+        from vllm.config import WeightTransferConfig
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        import asyncrl.generation.worker_extension  # noqa: F401  (registers the "asyncrl" backend here too)
+
+        args = AsyncEngineArgs(
+            model=settings.model,
+            skip_tokenizer_init=True,
+            dtype=settings.dtype,
+            max_model_len=settings.max_model_len,
+            max_num_seqs=settings.max_num_seqs,
+            kv_cache_memory_bytes=int(settings.kv_cache_gib * (1 << 30)),
+            seed=settings.seed,
+            enforce_eager=settings.enforce_eager,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=WORKER_EXTENSION,
+            weight_transfer_config=WeightTransferConfig(backend="asyncrl"),
+            enable_prefix_caching=True,
+        )
+        llm = AsyncLLM.from_engine_args(args)
+        engine = cls(llm, settings)
+        await llm.update_weight_version("0")
+        return engine
+
+    # ---- requests -------------------------------------------------------------------------------------
+    async def generate(self, p: GenerateParams) -> dict[str, Any]:
+        from vllm import SamplingParams
+        from vllm.inputs.engine import tokens_input
+        from vllm.sampling_params import RequestOutputKind
+
+        if self.failed:
+            raise EngineUnavailable(self.failed)
+        if p.request_id in self._inflight:
+            raise RequestConflict(f"request_id: {p.request_id!r} is already in flight")
+        if len(p.prompt_token_ids) + p.max_tokens > self.settings.max_model_len:
+            raise ValueError(
+                f"max_tokens: prompt ({len(p.prompt_token_ids)} tokens) + max_tokens ({p.max_tokens}) exceeds "
+                f"max_model_len {self.settings.max_model_len}"
+            )
+        params = SamplingParams(
+            n=1,
+            max_tokens=p.max_tokens,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            seed=p.seed,
+            stop_token_ids=list(p.stop_token_ids),
+            logprobs=0,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        start_version = self.version
+        state = _InFlight(max_tokens=p.max_tokens)
+        self._inflight[p.request_id] = state
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        finish_reason = "abort"
+        spans = None
+        try:
+            async for out in self.llm.generate(tokens_input(list(p.prompt_token_ids)), params, p.request_id):
+                comp = out.outputs[0]
+                new_ids = list(comp.token_ids)
+                token_ids.extend(new_ids)
+                for tok, lp in zip(new_ids, comp.logprobs or [], strict=False):
+                    logprobs.append(float(lp[tok].logprob))
+                state.generated = len(token_ids)
+                if comp.finish_reason is not None:
+                    finish_reason = comp.finish_reason
+                    spans = comp.weight_versions
+        finally:
+            self._inflight.pop(p.request_id, None)
+        if len(logprobs) != len(token_ids):
+            raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(token_ids)} tokens")
+        versions = token_versions_from_spans(spans, len(token_ids), start_version)
+        return {
+            "request_id": p.request_id,
+            "token_ids": token_ids,
+            "logprobs": logprobs,
+            "token_versions": versions,
+            "finish_reason": finish_reason,
+            "start_version": start_version,
+        }
+
+    async def abort(self, request_id: str) -> bool:
+        """Abort a request in flight (its /generate returns finish_reason "abort"); False if unknown."""
+        if request_id not in self._inflight:
+            return False
+        await self.llm.abort(request_id)
+        return True
+
+    def health(self) -> dict[str, Any]:
+        """`running`: requests producing tokens; `waiting`: admitted, no token yet; `load`: tokens still owed."""
+        running = sum(1 for s in self._inflight.values() if s.generated > 0)
+        waiting = len(self._inflight) - running
+        load = sum(max(0, s.max_tokens - s.generated) for s in self._inflight.values())
+        if self.llm is None or self.llm.errored:
+            status = "dead"
+        elif self.failed:
+            status = "failed"
+        else:
+            status = "updating" if self._update_lock.locked() else "ok"
+        return {"status": status, "version": self.version, "running": running, "waiting": waiting, "load": load}
+
+    # ---- weights --------------------------------------------------------------------------------------
+    async def init_weight_sync(self, info: dict[str, Any], timeout_s: float) -> None:
+        """Every worker joins the trainer's group (the trainer must join concurrently)."""
+        async with self._update_lock:
+            await asyncio.wait_for(
+                self.llm.collective_rpc("init_weight_transfer_engine", timeout=timeout_s, kwargs={"init_info": info}),
+                timeout=timeout_s + 10,
+            )
+            self.weights_initialised = True
+
+    async def update_weights(self, version: int, timeout_s: float) -> dict[str, Any]:
+        """Pause (keep), receive the broadcast, load in place, reset the prefix cache, set version, resume."""
+        if not self.weights_initialised:
+            raise RuntimeError("weights: not initialised (POST /weights/init first)")
+        if version <= self.version:
+            raise ValueError(f"version: expected > current version {self.version}, got {version}")
+        async with self._update_lock:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            await self.llm.pause_generation(mode="keep", clear_cache=True)
+            rpc = self.llm.collective_rpc
+            try:
+                await asyncio.wait_for(rpc("start_weight_update", timeout=timeout_s), timeout=timeout_s + 10)
+                await asyncio.wait_for(
+                    rpc("update_weights", timeout=timeout_s,
+                        kwargs={"update_info": {"version": version, "timeout_s": timeout_s}}),
+                    timeout=timeout_s + 10,
+                )
+                await asyncio.wait_for(rpc("finish_weight_update", timeout=timeout_s), timeout=timeout_s + 10)
+                await self.llm.reset_prefix_cache(reset_running_requests=True)
+                await self.llm.update_weight_version(str(version))
+            except BaseException as e:
+                # The model may be half-loaded: never decode with it. End every request in flight (they
+                # return finish_reason "abort"), stay paused, and report "failed" until an update succeeds.
+                self.failed = f"weight update to version {version} failed: {type(e).__name__}: {e}"
+                log.error("weights: %s", self.failed)
+                if self._inflight:
+                    await self.llm.abort(list(self._inflight))
+                raise
+            self.version = version
+            self.failed = None
+            await self.llm.resume_generation()
+            seconds = loop.time() - t0
+        log.info("weights: now at version %d (%.2f s paused)", version, seconds)
+        return {"version": version, "seconds": seconds}
+
+    async def checksum(self, timeout_s: float = 60.0) -> dict[str, Any]:
+        """The weights' checksum (see `WeightSyncExtension.asyncrl_checksum` for the per-worker fields).
+
+        `checksum` is what the workers last received (identical on every worker, else None); before any
+        update it is the model's own checksum when that covers every weight (`source` says which).
+        """
+        workers = list(
+            await asyncio.wait_for(self.llm.collective_rpc("asyncrl_checksum", timeout=timeout_s), timeout=timeout_s + 10)
+        )
+        checksum, source = None, None
+        if workers and all(w["received"] is not None and w["received"] == workers[0]["received"] for w in workers):
+            checksum, source = workers[0]["received"], "received"
+        elif workers and all(w["received"] is None and not w["emptied"] for w in workers):
+            checksum, source = workers[0]["model"], "model"
+        return {"version": self.version, "checksum": checksum, "source": source, "workers": workers}
+
+    def shutdown(self, timeout: float = 20.0) -> None:
+        """Stop vLLM's engine and worker processes (idempotent)."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            llm.shutdown(timeout=timeout)
+            del llm  # collect now: AsyncLLM.__del__ at interpreter exit fails noisily

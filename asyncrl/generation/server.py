@@ -1,0 +1,240 @@
+"""HTTP server of the generation role: FastAPI around `GenerationEngine`, plus `serve()` / `main()`.
+
+Routes (DESIGN.md "Generation API" and "Weight sync"):
+- `POST /generate` GenerateRequest → {request_id, token_ids, logprobs, token_versions, finish_reason, start_version}
+- `POST /abort` {request_id} → {request_id, aborted}
+- `GET /health` → {status, version, running, waiting, load}
+- `POST /weights/init` {master_addr, master_port, rank, world_size, backend, timeout_s[, group_name]}
+- `POST /weights/update` {version[, timeout_s]} → {version, seconds}
+- `GET /weights/checksum` → {version, checksum, source, workers: [per-worker checksums]}
+Bad bodies get 422 (pydantic, naming the field) or 400 (engine-level checks, naming the field).
+
+`python -m asyncrl.generation.server --model DIR --port 0 --ready-file PATH` binds the socket itself (port 0
+picks a free one), writes {"host","port","pid"} atomically to the ready file once the engine is ready,
+and shuts the engine down on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Literal
+
+import uvicorn
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, ConfigDict, Field
+
+from asyncrl.generation.engine import (
+    EngineSettings,
+    EngineUnavailable,
+    GenerateParams,
+    GenerationEngine,
+    RequestConflict,
+)
+
+log = logging.getLogger(__name__)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GenerateRequest(_Body):
+    request_id: str = Field(min_length=1, max_length=256)
+    prompt_token_ids: list[int] = Field(min_length=1)
+    max_tokens: int = Field(ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop_token_ids: list[int] = Field(default_factory=list)
+
+
+class AbortRequest(_Body):
+    request_id: str = Field(min_length=1)
+
+
+class WeightsInitRequest(_Body):
+    master_addr: str = Field(min_length=1)
+    master_port: int = Field(ge=1, le=65535)
+    rank: int = Field(ge=1)
+    world_size: int = Field(ge=2)
+    backend: Literal["gloo", "nccl"] = "gloo"
+    timeout_s: float = Field(300.0, gt=0)
+    group_name: str = Field("asyncrl-weights", pattern=r"^[A-Za-z0-9._-]{1,128}$")
+
+
+class WeightsUpdateRequest(_Body):
+    version: int = Field(ge=1)
+    timeout_s: float = Field(300.0, gt=0)
+
+
+def create_app(engine: GenerationEngine) -> FastAPI:
+    app = FastAPI(title="asyncrl generation server")
+
+    @app.post("/generate")
+    async def generate(req: GenerateRequest) -> dict[str, Any]:
+        try:
+            return await engine.generate(GenerateParams(**req.model_dump()))
+        except RequestConflict as e:
+            raise HTTPException(status_code=409, detail=str(e)) from e
+        except EngineUnavailable as e:
+            raise HTTPException(status_code=503, detail=str(e)) from e
+        except ValueError as e:
+            raise HTTPException(status_code=400, detail=str(e)) from e
+
+    @app.post("/abort")
+    async def abort(req: AbortRequest) -> dict[str, Any]:
+        return {"request_id": req.request_id, "aborted": await engine.abort(req.request_id)}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return engine.health()
+
+    @app.post("/weights/init")
+    async def weights_init(req: WeightsInitRequest) -> dict[str, Any]:
+        if req.rank >= req.world_size:
+            raise HTTPException(status_code=400, detail=f"rank: expected < world_size={req.world_size}, got {req.rank}")
+        try:
+            await engine.init_weight_sync(req.model_dump(), timeout_s=req.timeout_s)
+        except Exception as e:
+            log.exception("weights/init failed")
+            raise HTTPException(status_code=500, detail=f"weights/init: {type(e).__name__}: {e}") from e
+        return {"ok": True, "rank": req.rank, "world_size": req.world_size}
+
+    @app.post("/weights/update")
+    async def weights_update(req: WeightsUpdateRequest) -> dict[str, Any]:
+        try:
+            return await engine.update_weights(req.version, timeout_s=req.timeout_s)
+        except ValueError as e:
+            raise HTTPException(status_code=400, detail=str(e)) from e
+        except Exception as e:
+            log.exception("weights/update failed")
+            raise HTTPException(status_code=500, detail=f"weights/update: {type(e).__name__}: {e}") from e
+
+    @app.get("/weights/checksum")
+    async def weights_checksum() -> dict[str, Any]:
+        return await engine.checksum()
+
+    return app
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port); port 0 picks a free port (read it from getsockname())."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def write_ready_file(path: str, host: str, port: int) -> None:
+    """Write {"host","port","pid"} atomically (temp file + rename)."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump({"host": host, "port": port, "pid": os.getpid()}, f)
+    os.replace(tmp, path)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn server without its own signal capture: uvicorn re-raises SIGTERM/SIGINT once `serve()`
+    returns, which would kill this process before the vLLM engine processes are shut down."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def run_server(
+    settings: EngineSettings,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    on_ready: Callable[[str, int], Awaitable[None] | None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Start the engine, serve HTTP until SIGTERM/SIGINT (or `stop` is set), then shut the engine down.
+
+    `on_ready(host, port)` runs once the engine is ready and the socket is listening (sync or async).
+    Signal handlers are installed only when running in the main thread.
+    """
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed: list[int] = []
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+    sock = bind_socket(host, port)
+    real_port = int(sock.getsockname()[1])
+    engine: GenerationEngine | None = None
+    try:
+        engine = await GenerationEngine.start(settings)
+        config = uvicorn.Config(create_app(engine), log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+        server = _Server(config)
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.05)
+        if server.started and on_ready is not None:
+            result = on_ready(host, real_port)
+            if asyncio.iscoroutine(result):
+                await result
+        log.info("generation server ready on %s:%d", host, real_port)
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        server.should_exit = True
+        await serving
+        stopping.cancel()
+    finally:
+        log.info("generation server: shutting down")
+        if engine is not None:
+            engine.shutdown(timeout=20)
+        sock.close()
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m asyncrl.generation.server", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="Hugging Face model folder")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0: pick a free port")
+    p.add_argument("--max-model-len", type=int, default=256)
+    p.add_argument("--kv-cache-gib", type=float, default=0.25)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--work-dir", default=None, help="folder for vLLM's RPC sockets and cache")
+    p.add_argument("--ready-file", default=None, help='write {"host","port","pid"} here once ready')
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def serve(args: argparse.Namespace) -> None:
+    settings = EngineSettings(
+        model=args.model, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
+        max_num_seqs=args.max_num_seqs, seed=args.seed, dtype=args.dtype, work_dir=args.work_dir,
+    )
+
+    def on_ready(host: str, port: int) -> None:
+        if args.ready_file:
+            write_ready_file(args.ready_file, host, port)
+
+    asyncio.run(run_server(settings, args.host, args.port, on_ready))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(args)
+
+
+if __name__ == "__main__":
+    main()

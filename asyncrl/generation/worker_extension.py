@@ -1,0 +1,177 @@
+"""Code that runs inside vLLM's worker processes: the `asyncrl` weight-transfer engine and a worker extension.
+
+vLLM loads this module in every worker because the engine is started with
+`worker_extension_cls="asyncrl.generation.worker_extension.WeightSyncExtension"`; importing it registers
+`AsyncrlWeightTransferEngine` under the backend name "asyncrl" in vLLM's `WeightTransferEngineFactory`,
+which the worker then instantiates (engine arg `weight_transfer_config={"backend": "asyncrl"}`).
+
+The engine speaks the protocol of `asyncrl.transport.weight_sync` over a standalone gloo (CPU) or NCCL
+(GPU) group in which the trainer is rank 0. vLLM drives its lifecycle:
+- `init_transfer_engine`: join the trainer's group (blocks until every rank joined, or the deadline);
+- `start_weight_update`: `initialize_layerwise_reload(model)` (on CPU a plain `load_weights` into a
+  live model leaves it half-updated: linear weights are pre-packed for oneDNN and their originals freed);
+- `receive_weights`: receive header and buckets, `model.load_weights` per bucket, fingerprint them;
+- `finish_weight_update`: `finalize_layerwise_reload`, then re-process layers whose weight is shared with
+  another layer (a tied `lm_head` keeps a pre-packed copy of the embedding that would otherwise go stale).
+
+`WeightSyncExtension.asyncrl_checksum` (called through `collective_rpc`) reports the checksum of the
+weights currently loaded (see its docstring for what is measured).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from vllm.distributed.weight_transfer.base import (
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+from asyncrl.transport.weight_buckets import weights_checksum
+from asyncrl.transport.weight_sync import join_group, local_ip_towards, receive_weights
+
+log = logging.getLogger(__name__)
+
+BACKEND_NAME = "asyncrl"
+
+
+@dataclass
+class AsyncrlInitInfo(WeightTransferInitInfo):
+    master_addr: str
+    master_port: int
+    rank: int  # rank of this server's first worker in the trainer's group (trainer = 0)
+    world_size: int
+    backend: str = "gloo"
+    timeout_s: float = 300.0
+    group_name: str = "asyncrl-weights"
+
+
+@dataclass
+class AsyncrlUpdateInfo(WeightTransferUpdateInfo):
+    version: int
+    timeout_s: float = 300.0
+
+
+class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlUpdateInfo]):
+    """Receives weights broadcast by `asyncrl.transport.weight_sync.WeightSender` and loads them in place."""
+
+    init_info_cls = AsyncrlInitInfo
+    update_info_cls = AsyncrlUpdateInfo
+    supports_draft_weight_update = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pg: dist.ProcessGroup | None = None
+        self.store: dist.Store | None = None
+        self.timeout_s = 300.0
+        self.received_checksum: dict[str, int | float] | None = None
+        self.received_version: int | None = None
+
+    def init_transfer_engine(self, init_info: AsyncrlInitInfo) -> None:
+        import datetime
+
+        self.shutdown()
+        rank = init_info.rank + self.parallel_config.rank
+        self.timeout_s = float(init_info.timeout_s)
+        self.store = dist.TCPStore(
+            init_info.master_addr, int(init_info.master_port), init_info.world_size, is_master=False,
+            timeout=datetime.timedelta(seconds=self.timeout_s),
+        )
+        self.pg = join_group(
+            store=self.store, rank=rank, world_size=init_info.world_size, backend=init_info.backend,
+            timeout_s=self.timeout_s, group_name=init_info.group_name,
+            local_addr=local_ip_towards(init_info.master_addr),
+        )
+        log.info("asyncrl weight transfer: joined group %s as rank %d/%d", init_info.group_name, rank, init_info.world_size)
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        # The base class calls torch.accelerator.synchronize(), which raises on CPU-only torch.
+        self.receive_weights(self.parse_update_info(update_info))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def receive_weights(self, update_info: AsyncrlUpdateInfo) -> None:
+        if self.pg is None:
+            raise RuntimeError("asyncrl weight transfer: not initialised (POST /weights/init first)")
+        received: list[tuple[str, torch.Tensor]] = []
+
+        def load(items: list[tuple[str, torch.Tensor]]) -> None:
+            self.model.load_weights(items)
+            received.extend((n, t.detach().to("cpu", copy=True)) for n, t in items)
+
+        manifest = receive_weights(self.pg, self.device, float(update_info.timeout_s), load)
+        if manifest.version != update_info.version:
+            raise RuntimeError(
+                f"asyncrl weight transfer: trainer sent version {manifest.version}, server expected {update_info.version}"
+            )
+        self.received_checksum = weights_checksum(received)
+        self.received_version = manifest.version
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+        reprocess_shared_weight_layers(self.model)
+
+    def shutdown(self) -> None:
+        pg, self.pg = self.pg, None
+        if pg is not None:
+            try:
+                pg.shutdown()
+            except Exception as e:  # noqa: BLE001 - best effort
+                log.debug("asyncrl weight transfer: group shutdown: %s", e)
+        self.store = None
+
+
+def reprocess_shared_weight_layers(model: torch.nn.Module) -> list[str]:
+    """Re-run `process_weights_after_loading` on every layer whose `weight` Parameter is shared (tied)."""
+    owners: dict[int, list[tuple[str, torch.nn.Module]]] = {}
+    for name, module in model.named_modules():
+        w = module._parameters.get("weight") if hasattr(module, "_parameters") else None
+        if isinstance(w, torch.Tensor) and getattr(module, "quant_method", None) is not None:
+            owners.setdefault(id(w), []).append((name, module))
+    done = []
+    for layers in owners.values():
+        if len(layers) > 1:
+            for name, module in layers:
+                module.quant_method.process_weights_after_loading(module)
+                done.append(name)
+    return done
+
+
+if BACKEND_NAME not in WeightTransferEngineFactory._registry:
+    WeightTransferEngineFactory.register_engine(BACKEND_NAME, AsyncrlWeightTransferEngine)
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker class (`worker_extension_cls`); methods are reached via `collective_rpc`."""
+
+    def asyncrl_checksum(self) -> dict[str, Any]:
+        """Checksum of the weights in this worker.
+
+        `model`: `weights_checksum` over the model's own parameters (fused names, tied weights once);
+        parameters that vLLM emptied after pre-packing them for its CPU kernels (numel 0) are skipped and
+        counted in `emptied`, so `model` covers every weight only where `emptied` is 0 (GPUs).
+        `received`: the checksum of the tensors the last update loaded, as they arrived in this process,
+        with that update's `version` (None before the first update).
+        """
+        engine = getattr(self, "weight_transfer_engine", None)
+        model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        params = list(model.named_parameters(remove_duplicate=True))
+        return {
+            "model": weights_checksum(params),
+            "emptied": sorted(n for n, p in params if p.numel() == 0),
+            "received": getattr(engine, "received_checksum", None),
+            "version": getattr(engine, "received_version", None),
+        }

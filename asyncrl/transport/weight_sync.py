@@ -1,0 +1,286 @@
+"""Weight sync over a standalone torch.distributed group: joining the group, the broadcast protocol, and
+the trainer-side `WeightSender`.
+
+Topology: the trainer is rank 0 and hosts the rendezvous `TCPStore`; each generation worker is one more
+rank (TP = 1: one rank per server, so world_size = 1 + number of servers). The group is NOT the default
+process group (vLLM's worker already owns that one, and so may the trainer's DeepSpeed): it is a
+`ProcessGroupGloo` / `ProcessGroupNCCL` built directly over a `PrefixStore` of the trainer's store.
+
+Both sides of every step block together: the trainer joins (or broadcasts) while, concurrently, it asks
+each server over HTTP to join (or receive). Every join, broadcast and HTTP call has a deadline; a
+failure raises, and the sender then refuses to push until `connect()` is called again.
+
+The wire format (manifest header, then buckets) is in `asyncrl.transport.weight_buckets`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+import torch
+import torch.distributed as dist
+
+from asyncrl.transport.weight_buckets import (
+    MAX_MANIFEST_BYTES,
+    Manifest,
+    pack_bucket,
+    plan_buckets,
+    unpack_bucket,
+    weights_checksum,
+)
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("gloo", "nccl")
+DEFAULT_BUCKET_BYTES = 16 * 1024 * 1024
+
+__all__ = [
+    "WeightSender",
+    "WeightSyncError",
+    "join_group",
+    "receive_weights",
+    "send_weights",
+    "weights_checksum",
+]
+
+
+class WeightSyncError(RuntimeError):
+    """A weight-sync step failed or missed its deadline."""
+
+
+def local_ip_towards(host: str) -> str:
+    """The local address this machine uses to reach `host` (no packet is sent: UDP connect only)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, 9))
+            return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+
+def join_group(
+    *,
+    store: dist.Store,
+    rank: int,
+    world_size: int,
+    backend: str,
+    timeout_s: float,
+    group_name: str,
+    local_addr: str,
+) -> dist.ProcessGroup:
+    """Build a standalone process group over `store` (blocks until every rank has joined, or raises).
+
+    `store` is the trainer's TCPStore (rank 0 hosts it, the others are its clients); keys are kept under
+    `group_name` so a reconnect never reads a previous group's keys.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank: expected 0 <= rank < world_size={world_size}, got {rank}")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    prefixed = dist.PrefixStore(f"asyncrl/{group_name}/", store)
+    if backend == "gloo":
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=local_addr)]
+        opts._threads = 2
+        return dist.ProcessGroupGloo(prefixed, rank, world_size, opts)
+    nccl_opts = dist.ProcessGroupNCCL.Options()  # only present in CUDA builds of torch
+    nccl_opts._timeout = timeout
+    pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, nccl_opts)
+    barrier_device = torch.device("cuda", torch.cuda.current_device())
+    _broadcast(pg, torch.zeros(1, device=barrier_device), timeout_s)  # eager connect, under the deadline
+    return pg
+
+
+def _broadcast(pg: dist.ProcessGroup, tensor: torch.Tensor, timeout_s: float) -> None:
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    opts.rootTensor = 0
+    opts.timeout = datetime.timedelta(seconds=timeout_s)
+    work = pg.broadcast([tensor], opts)
+    work.wait(datetime.timedelta(seconds=timeout_s))
+
+
+def send_weights(
+    pg: dist.ProcessGroup, manifest: Manifest, tensors: dict[str, torch.Tensor], device: torch.device, timeout_s: float
+) -> None:
+    """Rank 0: broadcast the manifest header, then every bucket (each collective under `timeout_s`)."""
+    header = torch.frombuffer(bytearray(manifest.to_json_bytes()), dtype=torch.uint8).to(device)
+    _broadcast(pg, torch.tensor([header.numel()], dtype=torch.int64, device=device), timeout_s)
+    _broadcast(pg, header, timeout_s)
+    for i in range(len(manifest.bucket_sizes)):
+        _broadcast(pg, pack_bucket(manifest, i, tensors, device), timeout_s)
+
+
+def receive_weights(
+    pg: dist.ProcessGroup,
+    device: torch.device,
+    timeout_s: float,
+    on_bucket: Callable[[list[tuple[str, torch.Tensor]]], None],
+) -> Manifest:
+    """Rank > 0: receive the header and every bucket; hand each bucket's tensors (views) to `on_bucket`."""
+    length = torch.zeros(1, dtype=torch.int64, device=device)
+    _broadcast(pg, length, timeout_s)
+    n = int(length.item())
+    if not 0 < n <= MAX_MANIFEST_BYTES:
+        raise WeightSyncError(f"weight manifest length: expected 1..{MAX_MANIFEST_BYTES} bytes, got {n}")
+    header = torch.empty(n, dtype=torch.uint8, device=device)
+    _broadcast(pg, header, timeout_s)
+    manifest = Manifest.from_json_bytes(header.cpu().numpy().tobytes())
+    for i, size in enumerate(manifest.bucket_sizes):
+        buf = torch.empty(size, dtype=torch.uint8, device=device)
+        _broadcast(pg, buf, timeout_s)
+        on_bucket(unpack_bucket(manifest, i, buf))
+    return manifest
+
+
+class _Concurrent:
+    """Run one local blocking step and several HTTP calls at the same time, with one deadline."""
+
+    def __init__(self, deadline_s: float) -> None:
+        self.deadline = time.monotonic() + deadline_s
+        self.errors: list[str] = []
+        self.results: dict[str, Any] = {}
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def start(self, key: str, fn: Callable[[], Any]) -> None:
+        def run() -> None:
+            try:
+                value = fn()
+                with self._lock:
+                    self.results[key] = value
+            except BaseException as e:  # noqa: BLE001 - reported to the caller below
+                with self._lock:
+                    self.errors.append(f"{key}: {type(e).__name__}: {e}")
+
+        t = threading.Thread(target=run, name=f"weight-sync-{key}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def wait(self, what: str) -> dict[str, Any]:
+        """Wait for all; raise WeightSyncError at the first error or at the deadline."""
+        while True:
+            with self._lock:
+                if self.errors:
+                    raise WeightSyncError(f"{what} failed: {'; '.join(self.errors)}")
+            alive = [t for t in self._threads if t.is_alive()]
+            if not alive:
+                return self.results
+            if time.monotonic() > self.deadline:
+                raise WeightSyncError(f"{what}: deadline passed, still waiting for {[t.name for t in alive]}")
+            alive[0].join(timeout=0.05)
+
+
+def _post(url: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    r = httpx.post(url, json=body, timeout=timeout_s)
+    if r.status_code != 200:
+        raise WeightSyncError(f"POST {url} -> HTTP {r.status_code}: {r.text[:500]}")
+    return dict(r.json())
+
+
+class WeightSender:
+    """Trainer side of weight sync: rank 0 of a group whose other ranks are the generation workers.
+
+    Usage: `connect()` once, then `push(version, named_tensors)` after each training step, `close()` at the
+    end. Not thread-safe; one push at a time. After any failure the group is unusable: call `connect()`.
+    """
+
+    def __init__(
+        self,
+        server_urls: Sequence[str],
+        backend: str = "gloo",
+        timeout_s: float = 300.0,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        master_addr: str = "127.0.0.1",
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if not server_urls:
+            raise ValueError("server_urls: expected at least one generation server URL")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+        self.server_urls = [u.rstrip("/") for u in server_urls]
+        self.backend = backend
+        self.timeout_s = float(timeout_s)
+        self.bucket_bytes = int(bucket_bytes)
+        self.master_addr = master_addr
+        self.device = torch.device(device)
+        self._store: dist.TCPStore | None = None
+        self._pg: dist.ProcessGroup | None = None
+
+    @property
+    def world_size(self) -> int:
+        return 1 + len(self.server_urls)
+
+    @property
+    def connected(self) -> bool:
+        return self._pg is not None
+
+    def connect(self) -> None:
+        """Host the TCPStore (free port), ask every server to join, join as rank 0; all under the deadline."""
+        self.close()
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        store = dist.TCPStore("0.0.0.0", 0, self.world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        self._store = store
+        group_name = uuid.uuid4().hex
+        log.info("weight sync: hosting rendezvous on %s:%d for %d ranks", self.master_addr, store.port, self.world_size)
+        step = _Concurrent(self.timeout_s + 30.0)
+        for i, url in enumerate(self.server_urls):
+            body = {
+                "master_addr": self.master_addr,
+                "master_port": store.port,
+                "rank": i + 1,
+                "world_size": self.world_size,
+                "backend": self.backend,
+                "timeout_s": self.timeout_s,
+                "group_name": group_name,
+            }
+            step.start(url, lambda url=url, body=body: _post(f"{url}/weights/init", body, self.timeout_s + 30.0))
+        step.start(
+            "trainer-join",
+            lambda: join_group(
+                store=store, rank=0, world_size=self.world_size, backend=self.backend, timeout_s=self.timeout_s,
+                group_name=group_name, local_addr=local_ip_towards(self.master_addr),
+            ),
+        )
+        results = step.wait("weight sync connect")
+        self._pg = results["trainer-join"]
+
+    def push(self, version: int, named_tensors: Sequence[tuple[str, torch.Tensor]]) -> dict[str, Any]:
+        """Broadcast `named_tensors` as policy `version` to every server; return the servers' responses."""
+        if self._pg is None:
+            raise WeightSyncError("push: not connected (call connect() first, or again after a failure)")
+        tensors = {name: t.detach() for name, t in named_tensors}
+        if len(tensors) != len(named_tensors):
+            raise ValueError("named_tensors: duplicate names")
+        manifest = plan_buckets([(n, t.dtype, tuple(t.shape)) for n, t in tensors.items()], self.bucket_bytes, version)
+        pg = self._pg
+        step = _Concurrent(self.timeout_s + 30.0)
+        for url in self.server_urls:
+            body = {"version": version, "timeout_s": self.timeout_s}
+            step.start(url, lambda url=url, body=body: _post(f"{url}/weights/update", body, self.timeout_s + 30.0))
+        step.start("trainer-send", lambda: send_weights(pg, manifest, tensors, self.device, self.timeout_s))
+        try:
+            results = step.wait(f"weight push of version {version}")
+        except WeightSyncError:
+            self._pg = None  # a half-done broadcast leaves the group out of step: reconnect
+            raise
+        return {url: results[url] for url in self.server_urls}
+
+    def close(self) -> None:
+        pg, self._pg = self._pg, None
+        if pg is not None:
+            try:
+                pg.shutdown()
+            except Exception as e:  # noqa: BLE001 - best effort
+                log.debug("weight sync: process group shutdown: %s", e)
+        self._store = None
