@@ -23,9 +23,9 @@ class TinyModelConfig(_Section):
     hidden_size: int = Field(128, ge=64, multiple_of=64, description="Model width; a multiple of the head size 64.")
     num_layers: int = Field(2, ge=1, le=24)
     intermediate_size: int = Field(256, ge=64)
-    sft_steps: int = Field(600, ge=0, le=100_000, description="Most SFT steps of the warm start.")
+    sft_steps: int = Field(1500, ge=0, le=100_000, description="Most SFT steps of the warm start.")
     sft_batch_size: int = Field(64, ge=1)
-    sft_lr: float = Field(3e-3, gt=0, le=1.0)
+    sft_lr: float = Field(2e-3, gt=0, le=1.0)
     sft_target_accuracy: float = Field(
         0.35, gt=0, le=1.0, description="SFT stops once greedy eval accuracy reaches this (the warm start should solve part of the task)."
     )
@@ -43,11 +43,21 @@ class TaskConfig(_Section):
     """The verifiable single-turn task."""
 
     name: Literal["arithmetic"] = "arithmetic"
-    num_train: int = Field(20_000, ge=1)
+    num_train: int = Field(1600, ge=1, description="Train problems; capped (with a warning) at all problems not in the eval split.")
     num_eval: int = Field(200, ge=1)
-    max_operand: int = Field(99, ge=1, le=10**6, description="Operands are drawn from 0..max_operand.")
+    max_operand: int = Field(29, ge=1, le=10**6, description="Operands are drawn from 0..max_operand.")
     operations: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+", "-"], min_length=1)
     seed: int = 1234
+
+    @model_validator(mode="after")
+    def _check_split_sizes(self) -> TaskConfig:
+        universe = (self.max_operand + 1) ** 2 * len(self.operations)
+        if self.num_eval >= universe:
+            raise ValueError(
+                f"task.num_eval: expected fewer than the {universe} distinct problems of max_operand="
+                f"{self.max_operand} and operations={self.operations} (some must be left for training), got {self.num_eval}"
+            )
+        return self
 
     def max_prompt_tokens(self) -> int:
         """Longest prompt in tokens: BOS, two operands (a '-' sign is never in a prompt), operator, '='."""

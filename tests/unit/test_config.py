@@ -62,3 +62,8 @@ def test_bad_override_syntax():
         load_config(None, ["training.lr"])
     with pytest.raises(ConfigError, match="is not a section"):
         load_config(None, ["name=a", "name.x=1"])
+
+
+def test_task_eval_split_must_leave_train_problems():
+    with pytest.raises(ConfigError, match=r"task.num_eval: expected fewer than the 1800 distinct problems"):
+        load_config(None, ["task.num_eval=1800"])

