@@ -43,7 +43,7 @@ test: $(STAMP) lint
 	$(PY) -m pytest -q -rs tests $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(PY) benchmarks/async_vs_sync.py
+	$(PY) benchmarks/embedded_throughput.py
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

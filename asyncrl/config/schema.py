@@ -113,6 +113,8 @@ class TrainingConfig(_Section):
     ent_coef: float = Field(0.0, ge=0)
     checkpoint_every: int = Field(10, ge=1, description="Write a checkpoint every this many steps (and at the end).")
     weight_bucket_mb: float = Field(16.0, gt=0, description="Weight broadcast bucket size.")
+    cpu_threads: int = Field(1, ge=0, le=1024, description="torch CPU threads of the trainer (0: torch's default); "
+                             "on a small machine the roles share the cores.")
     seed: int = 0
 
     @model_validator(mode="after")

@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Literal
@@ -39,6 +38,7 @@ from asyncrl.generation.engine import (
     GenerationEngine,
     RequestConflict,
 )
+from asyncrl.transport.listen import bind_socket
 
 log = logging.getLogger(__name__)
 
@@ -124,16 +124,6 @@ def create_app(engine: GenerationEngine) -> FastAPI:
         return await engine.checksum()
 
     return app
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on (host, port); port 0 picks a free port (read it from getsockname())."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
 
 
 def write_ready_file(path: str, host: str, port: int) -> None:

@@ -1,0 +1,69 @@
+"""The `asyncrl` command: run a job on this machine, build the built-in model, validate a configuration.
+
+    asyncrl run configs/default.yaml [--set section.key=value ...]
+    asyncrl build-model configs/default.yaml
+    asyncrl validate configs/default.yaml [--set ...]    # prints the resolved configuration as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+
+from asyncrl.config import ConfigError, RunConfig, load_config
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="asyncrl", description="Fully asynchronous RL post-training for language models")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, help_ in [("run", "run a job on this machine (embedded S3, MLflow, all roles as processes)"),
+                        ("build-model", "build (or find cached) the built-in tiny model and its warm start"),
+                        ("validate", "validate a configuration and print it resolved")]:
+        s = sub.add_parser(name, help=help_)
+        s.add_argument("config", nargs="?", default=None, help="YAML configuration (default: built-in defaults)")
+        s.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override one field; repeatable")
+        s.add_argument("--log-level", default=os.environ.get("ASYNCRL_LOG_LEVEL", "WARNING"))
+    return p
+
+
+def _load(args: argparse.Namespace) -> RunConfig:
+    try:
+        return load_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"asyncrl: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _sigterm_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.WARNING),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("asyncrl.models").setLevel(min(logging.INFO, logging.getLogger().level))
+    for noisy in ("httpx", "httpcore", "botocore", "urllib3", "mlflow"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    cfg = _load(args)
+    if args.command == "validate":
+        print(json.dumps(cfg.model_dump(mode="json"), indent=2))
+        return
+    if args.command == "build-model":
+        from asyncrl.models.tiny import resolve_model_path
+
+        print(resolve_model_path(cfg))
+        return
+    from asyncrl.local.launcher import run_embedded
+
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    run_embedded(cfg)
+
+
+if __name__ == "__main__":
+    main()

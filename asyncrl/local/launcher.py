@@ -1,0 +1,236 @@
+"""The embedded launcher: one whole run on one machine, with the same role entrypoints a cluster uses.
+
+`asyncrl run CONFIG` → `run_embedded(cfg)`:
+1. builds (or finds cached) the model, creates the run folder `runs/<run_id>/`;
+2. starts SeaweedFS on loopback with its data in the run folder (kept after the run), creates the MLflow run in a
+   local sqlite store in the run folder, writes `config.json` and `tracking.json` to S3;
+3. starts reward and generation roles, waits until they published their addresses, evaluates the warm start on
+   the held-out split through the generation servers;
+4. starts the training and environment roles, shows live progress from `versions/latest.json`, stops at the
+   `done` marker (or on the first role that fails, or on Ctrl-C);
+5. evaluates again, compares every server's weight checksum with the trainer's, stops every process, and writes
+   `run_summary.json`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from asyncrl.config import RunConfig
+from asyncrl.local.processes import ProcessGroup
+from asyncrl.local.seaweed import EmbeddedS3
+from asyncrl.models.tiny import resolve_model_path
+from asyncrl.models.tokenizer import load_tokenizer
+from asyncrl.roles.context import base_url, wait_for_rendezvous
+from asyncrl.rollout.evaluation import evaluate
+from asyncrl.tasks.arithmetic import load_split
+from asyncrl.tracking.mlflow_tracker import Tracker, flatten_params
+from asyncrl.transport.run_layout import RunPaths, run_url
+from asyncrl.transport.s3 import S3Store
+from asyncrl.transport.weight_buckets import checksums_match
+
+log = logging.getLogger(__name__)
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+def new_run_id(cfg: RunConfig) -> str:
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    return f"{cfg.name}-{stamp}-{secrets.token_hex(2)}"
+
+
+def _print(msg: str) -> None:
+    print(msg, flush=True)
+
+
+class EmbeddedRun:
+    def __init__(self, cfg: RunConfig) -> None:
+        if not cfg.run_id:
+            cfg = cfg.model_copy(update={"run_id": new_run_id(cfg)})
+        self.cfg = cfg
+        self.run_dir = Path(cfg.runs_dir).resolve() / cfg.run_id
+        self.paths = RunPaths(cfg.storage.prefix, cfg.run_id)
+        self.url = run_url(cfg.storage.bucket, cfg.storage.prefix, cfg.run_id)
+        self.procs: ProcessGroup | None = None
+        self.tracker: Tracker | None = None
+
+    # ---- setup ---------------------------------------------------------------------------------------
+    def child_env(self, s3: EmbeddedS3) -> dict[str, str]:
+        cache = Path(self.cfg.cache_dir).resolve()
+        env = {**os.environ, **s3.env(), "AWS_ENDPOINT_URL": s3.endpoint_url,
+               "AWS_DEFAULT_REGION": self.cfg.storage.region,
+               "VLLM_CACHE_ROOT": str(self.run_dir / "vllm-cache"),
+               "VLLM_RPC_BASE_PATH": str(self.run_dir / "vllm-rpc"),
+               "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(cache / "torch_extensions")),
+               "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+        (self.run_dir / "vllm-rpc").mkdir(parents=True, exist_ok=True)
+        return env
+
+    def write_run_documents(self, store: S3Store) -> None:
+        store.ensure_bucket()
+        store.put_json(self.paths.config(), self.cfg.model_dump(mode="json"), if_absent=True)
+        tracking_uri = self.cfg.tracking.tracking_uri or f"sqlite:///{self.run_dir / 'mlflow.db'}"
+        self.tracker = Tracker.create(
+            tracking_uri, self.cfg.tracking.experiment, self.cfg.run_id,
+            params=flatten_params(self.cfg.model_dump(mode="json")),
+            tags={"asyncrl.run_url": self.url, "asyncrl.mode": "embedded"},
+            artifact_root=str(self.run_dir / "mlflow-artifacts"),
+        )
+        store.put_json(self.paths.tracking(), {"tracking_uri": tracking_uri, "mlflow_run_id": self.tracker.run_id})
+
+    # ---- monitoring ----------------------------------------------------------------------------------
+    def check_children(self) -> None:
+        assert self.procs is not None
+        bad = self.procs.failed()
+        if bad is not None:
+            raise RunFailed(f"role {bad.name} exited with code {bad.proc.returncode}; log {bad.log_path}:\n{bad.tail()}")
+
+    def wait_roles(self, store: S3Store, role: str, count: int) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + self.cfg.timeouts.startup_s
+        while True:
+            self.check_children()
+            try:
+                return wait_for_rendezvous(store, self.paths, role, count, timeout_s=2.0, poll_s=0.5)
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise RunFailed(f"{role}: not ready within {self.cfg.timeouts.startup_s:.0f}s") from None
+
+    def follow(self, store: S3Store) -> dict[str, Any]:
+        """Print progress on every new version until the trainer writes `done`; returns the last latest.json."""
+        shown = -1
+        latest: dict[str, Any] = {}
+        steps = self.cfg.training.steps
+        while True:
+            self.check_children()
+            doc = store.get_json(self.paths.versions_latest())
+            if isinstance(doc, dict):
+                latest = doc
+                m = doc.get("metrics", {})
+                if doc["version"] != shown and m:
+                    shown = doc["version"]
+                    _print(f"step {shown:>4}/{steps}  reward {m['reward/mean']:.3f}  acc {m['reward/accuracy']:.3f}  "
+                           f"loss {m.get('train/loss', float('nan')):+.4f}  staleness {m['staleness/mean']:.2f}"
+                           f"/{int(m['staleness/max'])}  {m['throughput/samples_per_s']:.1f} samples/s  "
+                           f"wait/train/sync {m['time/wait_s']:.2f}/{m['time/train_s']:.2f}/{m['time/sync_s']:.2f}s")
+            if store.exists(self.paths.done()):
+                return store.get_json(self.paths.versions_latest()) or latest
+            time.sleep(0.5)
+
+    # ---- evaluation and checks -----------------------------------------------------------------------
+    def evaluate(self, gen_docs: list[dict[str, Any]], tokenizer: Any, tag: str) -> dict[str, Any]:
+        problems = load_split(self.cfg.task, "eval")
+        return asyncio.run(evaluate([base_url(d) for d in gen_docs], problems, tokenizer, task=self.cfg.task.name,
+                                    max_new_tokens=self.cfg.rollout.max_new_tokens,
+                                    timeout_s=self.cfg.timeouts.http_s, tag=tag))
+
+    def server_checksums(self, gen_docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        with httpx.Client(timeout=self.cfg.timeouts.http_s) as client:
+            for d in gen_docs:
+                r = client.get(f"{base_url(d)}/weights/checksum")
+                r.raise_for_status()
+                out.append(r.json())
+        return out
+
+    # ---- the run -------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        t_start = time.monotonic()
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        _print(f"asyncrl run {cfg.run_id}: folder {self.run_dir}")
+        model_path = resolve_model_path(cfg)
+        tokenizer = load_tokenizer(model_path)
+        with EmbeddedS3(self.run_dir / "s3") as s3:
+            os.environ.update(s3.env())  # this process talks to S3 with the server's credentials too
+            store = S3Store(s3.endpoint_url, cfg.storage.bucket, region=cfg.storage.region)
+            self.write_run_documents(store)
+            self.procs = ProcessGroup(self.run_dir / "logs", self.child_env(s3))
+            try:
+                return self._run_roles(store, tokenizer, t_start)
+            finally:
+                _print("stopping all roles")
+                self.procs.stop_all()
+                if self.tracker is not None:
+                    self.tracker.finish("FINISHED" if (self.run_dir / "run_summary.json").exists() else "FAILED")
+
+    def _run_roles(self, store: S3Store, tokenizer: Any, t_start: float) -> dict[str, Any]:
+        cfg, procs = self.cfg, self.procs
+        assert procs is not None
+        common = ["--run-url", self.url]
+        procs.start("reward-0", "asyncrl.roles.reward", [*common, "--id", "0"])
+        for i in range(cfg.generation.num_servers):
+            procs.start(f"generation-{i}", "asyncrl.roles.generation", [*common, "--id", str(i)])
+        _print(f"starting {cfg.generation.num_servers} generation server(s) (vLLM engine start takes ~35 s each)")
+        gen_docs = self.wait_roles(store, "generation", cfg.generation.num_servers)
+        self.wait_roles(store, "reward", 1)
+
+        before = self.evaluate(gen_docs, tokenizer, "eval-before") if cfg.eval_before_after else None
+        if before:
+            _print(f"eval before training: accuracy {before['accuracy']:.3f} ({before['correct']}/{before['n']})")
+        t_train = time.monotonic()
+        procs.start("training-0", "asyncrl.roles.training", [*common, "--id", "0"])
+        for w in range(cfg.rollout.num_writers):
+            procs.start(f"environment-{w}", "asyncrl.roles.environment", [*common, "--id", f"env{w}"])
+        latest = self.follow(store)
+        train_wall = time.monotonic() - t_train
+
+        after = self.evaluate(gen_docs, tokenizer, "eval-after") if cfg.eval_before_after else None
+        if after:
+            _print(f"eval after training:  accuracy {after['accuracy']:.3f} ({after['correct']}/{after['n']})")
+        checksums = self.server_checksums(gen_docs)
+        in_sync = all(c.get("version") == latest.get("version") and c.get("checksum") is not None
+                      and checksums_match(c["checksum"], latest["checksum"]) for c in checksums)
+        counters = latest.get("counters", {})
+        trained = int(counters.get("samples_trained", 0))
+        loop_s = float(counters.get("train_wall_s", 0.0))  # first step's wait to last step's sync, in the trainer
+        summary = {
+            "run_id": cfg.run_id,
+            "run_url": self.url,
+            "steps": cfg.training.steps,
+            "final_version": int(latest.get("version", 0)),
+            "samples_trained": trained,
+            "samples_dropped_stale": int(counters.get("samples_dropped_stale", 0)),
+            "eval_accuracy_before": before["accuracy"] if before else None,
+            "eval_accuracy_after": after["accuracy"] if after else None,
+            "staleness_mean": counters.get("staleness_sum", 0.0) / max(1, trained),
+            "staleness_max": int(counters.get("staleness_max", 0)),
+            "wall_s": time.monotonic() - t_start,
+            "train_wall_s": train_wall,
+            "train_loop_s": loop_s,
+            "samples_per_s": trained / loop_s if loop_s > 0 else 0.0,
+            "weights_in_sync": in_sync,
+            "server_checksums": checksums,
+            "num_generation_servers": cfg.generation.num_servers,
+        }
+        if not in_sync:
+            raise RunFailed(f"generation servers' weights differ from the trainer's: {checksums} vs {latest.get('checksum')}")
+        if self.tracker is not None:
+            self.tracker.log_metrics({k: float(v) for k, v in summary.items()
+                                      if isinstance(v, int | float) and not isinstance(v, bool)}, step=summary["final_version"])
+            self.tracker.log_dict(summary, "run_summary.json")
+        (self.run_dir / "run_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        store.put_json(f"{self.paths.root}/run_summary.json", summary)
+        _print(json.dumps(summary, indent=2))
+        return summary
+
+
+def run_embedded(cfg: RunConfig) -> dict[str, Any]:
+    run = EmbeddedRun(cfg)
+    try:
+        return run.run()
+    except KeyboardInterrupt:
+        _print("interrupted: all roles stopped")
+        sys.exit(130)

@@ -1,0 +1,114 @@
+"""What every role process starts from: the run's S3 location, its resolved config, and rendezvous.
+
+A role is started as `python -m asyncrl.roles.<role> --run-url s3://bucket/prefix/run_id --id ID`; the S3 endpoint
+and credentials come from the standard environment (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`,
+`AWS_SECRET_ACCESS_KEY`), never from arguments, so no secret shows in a process list or a pipeline parameter.
+The resolved `RunConfig` is read from `config.json` under the run; rendezvous documents (address, port, epoch)
+live under `rendezvous/<role>/<id>.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from asyncrl.config import RunConfig, config_from_json
+from asyncrl.transport.run_layout import RunPaths, parse_run_url
+from asyncrl.transport.s3 import S3Store
+
+log = logging.getLogger(__name__)
+
+
+def role_arg_parser(role: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m asyncrl.roles.{role}", description=f"asyncrl {role} role")
+    p.add_argument("--run-url", required=True, help="s3://bucket/prefix/run_id of the run")
+    p.add_argument("--id", default="0", help="instance id of this role (letters, digits, _ and -)")
+    p.add_argument("--log-level", default=os.environ.get("ASYNCRL_LOG_LEVEL", "INFO"))
+    p.add_argument("--host", default=os.environ.get("ASYNCRL_BIND_HOST", "127.0.0.1"),
+                   help="address to listen on (0.0.0.0 in a pod)")
+    p.add_argument("--advertise-host", default=os.environ.get("POD_IP", ""),
+                   help="address peers use to reach this role (default: --host)")
+    return p
+
+
+def advertised(args: argparse.Namespace, bound_host: str) -> str:
+    """The address to publish: --advertise-host, else the bound address (loopback in embedded mode)."""
+    return args.advertise_host or bound_host
+
+
+def setup_logging(level: str, role: str, role_id: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format=f"%(asctime)s %(levelname)s {role}[{role_id}] %(name)s: %(message)s",
+    )
+    for noisy in ("botocore", "urllib3", "httpx", "httpcore", "uvicorn.access", "s3transfer"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@dataclass
+class RoleContext:
+    role: str
+    role_id: str
+    run_url: str
+    store: S3Store
+    paths: RunPaths
+    cfg: RunConfig
+
+    @classmethod
+    def from_args(cls, role: str, args: argparse.Namespace) -> RoleContext:
+        bucket, prefix, run_id = parse_run_url(args.run_url)
+        endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
+        if not endpoint:
+            raise SystemExit(f"{role}: AWS_ENDPOINT_URL is not set: expected the S3 endpoint of the run")
+        store = S3Store(endpoint, bucket, timeout_s=30.0)
+        paths = RunPaths(prefix, run_id)
+        text = store.get_bytes(paths.config())
+        if text is None:
+            raise SystemExit(f"{role}: {args.run_url}/config.json does not exist: start the run with `asyncrl run`")
+        cfg = config_from_json(text.decode(), f"{args.run_url}/config.json")
+        return cls(role, args.id, args.run_url, store, paths, cfg)
+
+    # ---- rendezvous ----------------------------------------------------------------------------------
+    def publish(self, doc: dict[str, Any]) -> None:
+        """Publish this instance's address; the epoch grows on every restart so peers can tell."""
+        key = self.paths.rendezvous(self.role, self.role_id)
+        old = self.store.get_json(key) or {}
+        doc = {**doc, "epoch": int(old.get("epoch", -1)) + 1, "pid": os.getpid(), "time": time.time()}
+        self.store.put_json(key, doc)
+        log.info("published %s/%s at %s:%s", self.role, self.role_id, doc.get("host"), doc.get("port"))
+
+    def wait_for_peers(self, role: str, count: int, timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """Block until `count` instances of `role` have published; returns their documents ordered by id."""
+        return wait_for_rendezvous(self.store, self.paths, role, count,
+                                   timeout_s if timeout_s is not None else self.cfg.timeouts.rendezvous_s)
+
+    def is_done(self) -> bool:
+        return self.store.exists(self.paths.done())
+
+
+def wait_for_rendezvous(store: S3Store, paths: RunPaths, role: str, count: int, timeout_s: float,
+                        poll_s: float = 0.5) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        keys = store.list_keys(paths.rendezvous_prefix(role))
+        docs = []
+        for key in sorted(keys):
+            doc = store.get_json(key)
+            if isinstance(doc, dict) and "host" in doc and "port" in doc:
+                docs.append({**doc, "id": key.rsplit("/", 1)[-1].removesuffix(".json")})
+        if len(docs) >= count:
+            return sorted(docs, key=lambda d: d["id"])[:count]
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"rendezvous: {len(docs)} of {count} {role} instance(s) published within {timeout_s:.0f}s "
+                f"under {paths.rendezvous_prefix(role)}"
+            )
+        time.sleep(poll_s)
+
+
+def base_url(doc: dict[str, Any]) -> str:
+    return f"http://{doc['host']}:{doc['port']}"

@@ -1,0 +1,224 @@
+"""The training role: reads groups from S3 in order, filters stale ones, trains, bumps the version, syncs weights.
+
+One training step k (version k → k+1):
+1. wait: read groups per writer in sequence order (per-writer cursors) until B fresh groups are in hand; a group
+   with start_version < k − α is dropped and counted (ALGORITHMS.md §1), never trained on;
+2. train: GRPO advantages and the configured policy loss with the engine's behaviour log-probs, one optimizer
+   step (DeepSpeed);
+3. sync: broadcast the new weights in buckets to every generation server (they pause, load, resume);
+4. publish `versions/latest.json` (version, per-writer consumed counts, checksum, metrics), log to MLflow, and
+   every `checkpoint_every` steps write a checkpoint (model, optimizer, cursors; `COMMITTED` last).
+On start it resumes from the newest committed checkpoint, if any. At the end it writes the run's `done` marker.
+
+Run: `python -m asyncrl.roles.training --run-url s3://bucket/prefix/run_id`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from asyncrl.models.tiny import resolve_model_path
+from asyncrl.models.tokenizer import load_tokenizer
+from asyncrl.roles.context import RoleContext, base_url, role_arg_parser, setup_logging
+from asyncrl.tracking.mlflow_tracker import Tracker
+from asyncrl.training.batch import build_batch
+from asyncrl.training.policy import PolicyTrainer
+from asyncrl.training.staleness import split_stale, staleness_stats
+from asyncrl.transport.checkpoints import (
+    flatten_optimizer_state,
+    latest_committed_version,
+    load_checkpoint,
+    save_checkpoint,
+    unflatten_optimizer_state,
+)
+from asyncrl.transport.groups import GroupReader
+from asyncrl.transport.weight_sync import WeightSender, weights_checksum
+from asyncrl.types import Group
+
+log = logging.getLogger(__name__)
+
+
+class Counters:
+    """Run-wide totals, saved in checkpoints so a resumed run reports the whole run."""
+
+    def __init__(self, d: dict[str, Any] | None = None) -> None:
+        d = d or {}
+        self.groups_trained = int(d.get("groups_trained", 0))
+        self.samples_trained = int(d.get("samples_trained", 0))
+        self.groups_dropped_stale = int(d.get("groups_dropped_stale", 0))
+        self.samples_dropped_stale = int(d.get("samples_dropped_stale", 0))
+        self.staleness_sum = float(d.get("staleness_sum", 0.0))
+        self.staleness_max = int(d.get("staleness_max", 0))
+        self.train_wall_s = float(d.get("train_wall_s", 0.0))
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+class TrainingRunner:
+    def __init__(self, ctx: RoleContext) -> None:
+        self.ctx, self.cfg = ctx, ctx.cfg
+        self.model_path = resolve_model_path(self.cfg)
+        self.pad_id = int(load_tokenizer(self.model_path).pad_token_id)
+        tracking = ctx.store.get_json(ctx.paths.tracking())
+        self.tracker = Tracker.attach(tracking["tracking_uri"], tracking["mlflow_run_id"]) if tracking else None
+        self.policy = PolicyTrainer(self.model_path, self.cfg.training, timeout_s=self.cfg.timeouts.collective_s)
+        self.reader = GroupReader(ctx.store, ctx.paths)
+        self.version = 0
+        self.counters = Counters()
+        self.sender: WeightSender | None = None
+        self.checksum: dict[str, float] = {}
+
+    # ---- start ---------------------------------------------------------------------------------------
+    def resume(self) -> None:
+        v = latest_committed_version(self.ctx.store, self.ctx.paths)
+        if v is None:
+            return
+        model_state, opt_tensors, meta = load_checkpoint(self.ctx.store, self.ctx.paths, v)
+        self.policy.load_state(model_state, unflatten_optimizer_state(opt_tensors, meta["optimizer_skeleton"]))
+        self.reader.restore(meta["cursors"])
+        self.counters = Counters(meta["counters"])
+        self.version = v
+        log.info("resumed from checkpoint %d (cursors %s)", v, meta["cursors"])
+
+    def connect_generation(self) -> None:
+        docs = self.ctx.wait_for_peers("generation", self.cfg.generation.num_servers)
+        self.sender = WeightSender([base_url(d) for d in docs], backend="gloo",
+                                   timeout_s=self.cfg.timeouts.collective_s,
+                                   bucket_bytes=int(self.cfg.training.weight_bucket_mb * 2**20))
+        self.sender.connect()
+        if self.version > 0:
+            self.sync_weights()  # resumed: the servers started from the warm start, bring them to this version
+        else:
+            self.checksum = weights_checksum(self.policy.named_weights())  # servers load the same folder
+        self.publish({})
+
+    # ---- one step ------------------------------------------------------------------------------------
+    def collect(self, step: int) -> tuple[list[Group], list[Group]]:
+        need = self.cfg.rollout.prompts_per_step
+        kept: list[Group] = []
+        dropped: list[Group] = []
+        deadline = time.monotonic() + self.cfg.timeouts.batch_wait_s
+        while len(kept) < need:
+            got = self.reader.poll(max_groups=need - len(kept))
+            if not got:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"step {step}: {len(kept)} of {need} groups arrived within {self.cfg.timeouts.batch_wait_s:.0f}s"
+                    )
+                time.sleep(0.05)
+                continue
+            fresh, stale = split_stale([g for _, _, g in got], step, self.cfg.rollout.async_ratio)
+            kept += fresh
+            dropped += stale
+        return kept, dropped
+
+    def sync_weights(self) -> dict[str, float]:
+        assert self.sender is not None
+        weights = self.policy.named_weights()
+        self.sender.push(self.version, weights)
+        self.checksum = weights_checksum(weights)
+        return self.checksum
+
+    def step(self, step: int) -> dict[str, float]:
+        t0 = time.monotonic()
+        kept, dropped = self.collect(step)
+        t1 = time.monotonic()
+        batch = build_batch(kept, norm_std=self.cfg.training.norm_std, pad_id=self.pad_id)
+        train_metrics = self.policy.train_step(batch, temperature=self.cfg.rollout.temperature)
+        t2 = time.monotonic()
+        self.version = step + 1
+        self.sync_weights()
+        t3 = time.monotonic()
+
+        c = self.counters
+        n_samples = sum(len(g.samples) for g in kept)
+        stale = staleness_stats(kept, step)
+        c.groups_trained += len(kept)
+        c.samples_trained += n_samples
+        c.groups_dropped_stale += len(dropped)
+        c.samples_dropped_stale += sum(len(g.samples) for g in dropped)
+        c.staleness_sum += stale["staleness_mean"] * n_samples
+        c.staleness_max = max(c.staleness_max, int(stale["staleness_max"]))
+        c.train_wall_s += t3 - t0
+        rewards = [s.reward for g in kept for s in g.samples]
+        metrics = {
+            **{f"train/{k}": float(v) for k, v in train_metrics.items()},
+            "reward/mean": sum(rewards) / len(rewards),
+            "reward/accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
+            "staleness/mean": stale["staleness_mean"],
+            "staleness/max": stale["staleness_max"],
+            "staleness/dropped_groups_total": c.groups_dropped_stale,
+            "staleness/dropped_samples_total": c.samples_dropped_stale,
+            "throughput/samples_per_s": n_samples / (t3 - t0),
+            "time/wait_s": t1 - t0,
+            "time/train_s": t2 - t1,
+            "time/sync_s": t3 - t2,
+            "time/step_s": t3 - t0,
+            "version": self.version,
+        }
+        for k, v in stale.items():
+            if k not in ("staleness_mean", "staleness_max"):
+                metrics[f"staleness/{k}"] = float(v)
+        return metrics
+
+    def publish(self, metrics: dict[str, float]) -> None:
+        doc = {
+            "version": self.version,
+            "consumed": self.reader.cursors,
+            "counters": self.counters.as_dict(),
+            "checksum": self.checksum,
+            "metrics": metrics,
+            "time": time.time(),
+        }
+        self.ctx.store.put_json(self.ctx.paths.versions_latest(), doc)
+
+    def checkpoint(self) -> None:
+        opt_tensors, skeleton = flatten_optimizer_state(self.policy.optimizer_state())
+        meta = {"version": self.version, "cursors": self.reader.cursors, "counters": self.counters.as_dict(),
+                "optimizer_skeleton": skeleton}
+        save_checkpoint(self.ctx.store, self.ctx.paths, self.version, self.policy.model_state(), opt_tensors, meta)
+        log.info("checkpoint %d committed", self.version)
+
+    def run(self) -> None:
+        self.resume()
+        self.connect_generation()
+        steps = self.cfg.training.steps
+        for step in range(self.version, steps):
+            metrics = self.step(step)
+            self.publish(metrics)
+            if self.tracker is not None:
+                self.tracker.log_metrics(metrics, step=self.version)
+            if self.version % self.cfg.training.checkpoint_every == 0 or self.version == steps:
+                self.checkpoint()
+            log.info("step %d/%d reward %.3f acc %.3f loss %.4f staleness %.2f/%d %.1f samples/s",
+                     self.version, steps, metrics["reward/mean"], metrics["reward/accuracy"],
+                     metrics.get("train/loss", float("nan")), metrics["staleness/mean"],
+                     int(metrics["staleness/max"]), metrics["throughput/samples_per_s"])
+        self.ctx.store.put_json(self.ctx.paths.done(), {"version": self.version, "time": time.time()})
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+        self.policy.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = role_arg_parser("training").parse_args(argv)
+    setup_logging(args.log_level, "training", args.id)
+    ctx = RoleContext.from_args("training", args)
+    if ctx.cfg.training.cpu_threads:
+        torch.set_num_threads(ctx.cfg.training.cpu_threads)
+    runner = TrainingRunner(ctx)
+    try:
+        runner.run()
+    finally:
+        runner.close()
+
+
+if __name__ == "__main__":
+    main()

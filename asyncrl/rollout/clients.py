@@ -1,0 +1,87 @@
+"""Async HTTP clients for the generation and reward roles, with deadlines on every call.
+
+Token ids travel, never text, between the environment and generation (DESIGN.md "Generation API").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+class RemoteError(RuntimeError):
+    """A role answered with an error or not within its deadline."""
+
+
+@dataclass
+class Generated:
+    token_ids: list[int]
+    logprobs: list[float]
+    token_versions: list[int]
+    finish_reason: str
+    start_version: int
+
+
+class GenerationClient:
+    """One generation server: `generate`, `abort`, `health`."""
+
+    def __init__(self, base_url: str, client: httpx.AsyncClient, timeout_s: float) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._client = client
+        self._timeout = timeout_s
+
+    async def _post(self, path: str, body: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+        url = f"{self.base_url}{path}"
+        try:
+            r = await self._client.post(url, json=body, timeout=timeout_s or self._timeout)
+        except httpx.HTTPError as err:
+            raise RemoteError(f"POST {url}: {type(err).__name__}: {err}") from err
+        if r.status_code != 200:
+            raise RemoteError(f"POST {url}: HTTP {r.status_code}: {r.text[:300]}")
+        return r.json()
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], *, max_tokens: int, temperature: float,
+                       top_p: float, seed: int | None, stop_token_ids: list[int],
+                       timeout_s: float | None = None) -> Generated:
+        out = await self._post("/generate", {
+            "request_id": request_id, "prompt_token_ids": prompt_token_ids, "max_tokens": max_tokens,
+            "temperature": temperature, "top_p": top_p, "seed": seed, "stop_token_ids": stop_token_ids,
+        }, timeout_s)
+        try:
+            return Generated([int(t) for t in out["token_ids"]], [float(x) for x in out["logprobs"]],
+                             [int(v) for v in out["token_versions"]], str(out["finish_reason"]),
+                             int(out["start_version"]))
+        except (KeyError, TypeError, ValueError) as err:
+            raise RemoteError(f"{self.base_url}/generate: malformed answer: {err}") from err
+
+    async def abort(self, request_id: str) -> None:
+        await self._post("/abort", {"request_id": request_id})
+
+    async def health(self) -> dict[str, Any]:
+        try:
+            r = await self._client.get(f"{self.base_url}/health", timeout=self._timeout)
+            r.raise_for_status()
+        except httpx.HTTPError as err:
+            raise RemoteError(f"GET {self.base_url}/health: {err}") from err
+        return r.json()
+
+
+class RewardClient:
+    def __init__(self, base_url: str, client: httpx.AsyncClient, timeout_s: float) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._client = client
+        self._timeout = timeout_s
+
+    async def score(self, task: str, prompt: str, response: str, metadata: dict[str, Any]) -> tuple[float, dict]:
+        url = f"{self.base_url}/score"
+        try:
+            r = await self._client.post(url, json={"task": task, "prompt": prompt, "response": response,
+                                                   "metadata": metadata}, timeout=self._timeout)
+        except httpx.HTTPError as err:
+            raise RemoteError(f"POST {url}: {type(err).__name__}: {err}") from err
+        if r.status_code != 200:
+            raise RemoteError(f"POST {url}: HTTP {r.status_code}: {r.text[:300]}")
+        out = r.json()
+        return float(out["reward"]), dict(out.get("details", {}))

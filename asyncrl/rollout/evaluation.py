@@ -1,0 +1,41 @@
+"""Held-out evaluation through the generation servers: greedy decoding, scored by the task's verifier.
+
+Run against the live servers, so it measures exactly the weights the servers hold (the warm start before
+training, the last synced version after).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from asyncrl.models.tokenizer import decode_response, encode_prompt
+from asyncrl.rewards.verifier import score
+from asyncrl.rollout.clients import GenerationClient
+from asyncrl.tasks.arithmetic import Problem
+
+
+async def evaluate(server_urls: list[str], problems: list[Problem], tokenizer: Any, *, task: str,
+                   max_new_tokens: int, timeout_s: float, concurrency: int = 64, tag: str = "eval") -> dict[str, Any]:
+    """Greedy accuracy of the servers' current weights on `problems`; requests are spread round-robin."""
+    if not server_urls:
+        raise ValueError("evaluate: no generation servers")
+    sem = asyncio.Semaphore(concurrency)
+    eos = int(tokenizer.eos_token_id)
+    async with httpx.AsyncClient() as client:
+        gens = [GenerationClient(u, client, timeout_s) for u in server_urls]
+
+        async def one(i: int, p: Problem) -> tuple[float, int]:
+            async with sem:
+                out = await gens[i % len(gens)].generate(
+                    f"{tag}-{i}", encode_prompt(tokenizer, p.prompt), max_tokens=max_new_tokens, temperature=0.0,
+                    top_p=1.0, seed=0, stop_token_ids=[eos])
+            reward, _ = score(task, decode_response(tokenizer, out.token_ids), p.answer)
+            return reward, (out.token_versions[-1] if out.token_versions else out.start_version)
+
+        results = await asyncio.gather(*(one(i, p) for i, p in enumerate(problems)))
+    correct = sum(r >= 1.0 for r, _ in results)
+    return {"accuracy": correct / len(problems), "correct": correct, "n": len(problems),
+            "versions": sorted({v for _, v in results})}

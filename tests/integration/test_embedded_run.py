@@ -1,0 +1,114 @@
+"""End to end: `asyncrl run` on the smoke config, with two vLLM servers, DeepSpeed, SeaweedFS and MLflow.
+
+Checks what issue 2 asks of the embedded launcher: groups are in S3; the version advanced; after the last sync
+the weights in every vLLM worker equal the trainer's (checksums); every trained sample satisfied the α bound;
+MLflow has the step metrics; a committed checkpoint exists; no process is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import psutil
+import pytest
+
+from asyncrl.config import load_config
+from asyncrl.local.seaweed import EmbeddedS3
+from asyncrl.transport.checkpoints import latest_committed_version
+from asyncrl.transport.groups import GroupReader
+from asyncrl.transport.run_layout import RunPaths
+from asyncrl.transport.s3 import S3Store
+from asyncrl.transport.weight_buckets import checksums_match
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    run_id = "smoke-test"
+    cmd = [sys.executable, "-m", "asyncrl.cli", "run", str(ROOT / "configs/smoke.yaml"),
+           "--set", f"runs_dir={runs}", "--set", f"run_id={run_id}",
+           "--set", f"cache_dir={ROOT / '.cache/asyncrl'}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "ASYNCRL_LOG_LEVEL": "INFO"})
+    run_dir = runs / run_id
+    if proc.returncode != 0:
+        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted((run_dir / "logs").glob("*.log")))
+        pytest.fail(f"asyncrl run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{logs}")
+    return run_dir, proc.stdout
+
+
+def test_summary_and_progress(finished_run):
+    run_dir, stdout = finished_run
+    cfg = load_config(ROOT / "configs/smoke.yaml")
+    summary = json.loads((run_dir / "run_summary.json").read_text())
+    for key in ("run_id", "steps", "final_version", "samples_trained", "samples_dropped_stale", "eval_accuracy_before",
+                "eval_accuracy_after", "staleness_mean", "staleness_max", "wall_s", "samples_per_s"):
+        assert key in summary, key
+    assert summary["final_version"] == cfg.training.steps
+    assert summary["samples_trained"] == cfg.training.steps * cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    assert 0 <= summary["staleness_max"] <= cfg.rollout.async_ratio
+    assert summary["weights_in_sync"] is True
+    assert summary["num_generation_servers"] == 2
+    assert 0.0 <= summary["eval_accuracy_before"] <= 1.0 and 0.0 <= summary["eval_accuracy_after"] <= 1.0
+    assert f"step    {cfg.training.steps}/{cfg.training.steps}" in stdout
+
+
+def test_s3_holds_groups_checkpoint_and_matching_checksums(finished_run):
+    run_dir, _ = finished_run
+    summary = json.loads((run_dir / "run_summary.json").read_text())
+    cfg = load_config(ROOT / "configs/smoke.yaml")
+    # restart the S3 server over the run's data folder: everything the run wrote is still there
+    with EmbeddedS3(run_dir / "s3") as s3:
+        os.environ.update(s3.env())
+        store = S3Store(s3.endpoint_url, cfg.storage.bucket)
+        paths = RunPaths(cfg.storage.prefix, summary["run_id"])
+        reader = GroupReader(store, paths)
+        groups = reader.poll()
+        assert len(groups) >= cfg.training.steps * cfg.rollout.prompts_per_step
+        for _, _, g in groups:
+            assert len(g.samples) == cfg.rollout.samples_per_prompt
+        assert latest_committed_version(store, paths) == cfg.training.steps
+        latest = store.get_json(paths.versions_latest())
+        assert latest["version"] == cfg.training.steps
+        assert len(summary["server_checksums"]) == cfg.generation.num_servers
+        for c in summary["server_checksums"]:
+            assert c["version"] == latest["version"] and checksums_match(c["checksum"], latest["checksum"])
+        assert store.exists(paths.done())
+
+
+def test_mlflow_has_step_metrics(finished_run):
+    run_dir, _ = finished_run
+    cfg = load_config(ROOT / "configs/smoke.yaml")
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name(cfg.tracking.experiment).experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    for name in ("reward/mean", "reward/accuracy", "train/loss", "train/clip_fraction", "staleness/mean",
+                 "staleness/max", "throughput/samples_per_s", "time/wait_s", "time/train_s", "time/sync_s"):
+        history = client.get_metric_history(run.info.run_id, name)
+        assert [m.step for m in history] == list(range(1, cfg.training.steps + 1)), name
+    assert all(m.value <= cfg.rollout.async_ratio for m in client.get_metric_history(run.info.run_id, "staleness/max"))
+    assert run.data.params["rollout.async_ratio"] == str(cfg.rollout.async_ratio)
+
+
+def test_no_process_left(finished_run):
+    run_dir, _ = finished_run
+    leftovers = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        try:
+            env = p.environ()  # every child of the run has the run folder in its environment (VLLM_RPC_BASE_PATH)
+        except (psutil.Error, OSError):
+            env = {}
+        if str(run_dir) in cmd or "smoke-test" in cmd or any(str(run_dir) in v for v in env.values()):
+            leftovers.append((p.info["pid"], cmd))
+    assert leftovers == []
