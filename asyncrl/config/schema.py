@@ -90,7 +90,7 @@ LossName = Literal["ppo", "decoupled_ppo", "tis", "cispo", "topr"]
 
 class TrainingConfig(_Section):
     steps: int = Field(20, ge=1)
-    lr: float = Field(2e-4, gt=0, le=1.0)
+    lr: float = Field(1e-4, gt=0, le=1.0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(64, ge=1, description="Samples per forward/backward pass.")

@@ -121,7 +121,7 @@ def run_sft(
             elapsed = time.monotonic() - started
             history.append({"step": step, "loss": loss_value, "accuracy": accuracy, "seconds": elapsed})
             log.info(
-                "sft step %d/%d loss %.4f eval accuracy %.3f (%.1fs)",
+                "sft step %d/%d loss %.4f dev accuracy %.3f (%.1fs)",
                 step,
                 cfg.sft_steps,
                 loss_value,

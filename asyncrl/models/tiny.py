@@ -38,7 +38,7 @@ from asyncrl.tasks.arithmetic import load_split
 
 log = logging.getLogger(__name__)
 
-CODE_VERSION = 1
+CODE_VERSION = 2
 HEAD_DIM = 64
 MAX_POSITIONS = 256
 SFT_EVAL_PROBLEMS = 200
@@ -102,8 +102,11 @@ def _build_into(cfg: RunConfig, out: Path) -> dict[str, Any]:
         cfg, vocab_size(tok), int(tok.bos_token_id), int(tok.eos_token_id), int(tok.pad_token_id)
     )
     model = Qwen2ForCausalLM(model_cfg).float()
-    train = load_split(cfg.task, "train")
-    eval_subset = load_split(cfg.task, "eval")[:SFT_EVAL_PROBLEMS]
+    # SFT stops on a dev set carved out of the train split, never on the held-out eval split: choosing the
+    # stopping point by eval accuracy would overfit the choice to eval, and RL's before/after would be biased.
+    train_all = load_split(cfg.task, "train")
+    n_dev = min(SFT_EVAL_PROBLEMS, len(train_all) // 4)
+    train, eval_subset = train_all[:-n_dev], train_all[-n_dev:]
     log.info(
         "building tiny model: %d params, %d train problems, %d eval problems, up to %d SFT steps",
         sum(p.numel() for p in model.parameters()),
@@ -132,8 +135,8 @@ def _build_into(cfg: RunConfig, out: Path) -> dict[str, Any]:
         "cache_key": cache_key(cfg),
         "sft_steps": result.steps,
         "sft_final_loss": result.final_loss,
-        "eval_accuracy": result.accuracy,
-        "eval_problems": len(eval_subset),
+        "dev_accuracy": result.accuracy,
+        "dev_problems": len(eval_subset),
         "reached_target": result.reached_target,
         "sft_seconds": result.seconds,
         "seconds": time.monotonic() - started,
@@ -164,10 +167,10 @@ def build_tiny_model(cfg: RunConfig) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     log.info(
-        "built tiny model %s: %d SFT steps, eval accuracy %.3f, %.1fs",
+        "built tiny model %s: %d SFT steps, dev accuracy %.3f, %.1fs",
         final,
         info["sft_steps"],
-        info["eval_accuracy"],
+        info["dev_accuracy"],
         info["seconds"],
     )
     return final

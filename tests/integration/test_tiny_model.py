@@ -70,7 +70,7 @@ def test_build_info_records_sft(built: tuple[RunConfig, Path, float]) -> None:
     assert [h["step"] for h in info["history"]] == [25, 50, 75, 100, 125, 150]
     # the untrained model's loss is about ln(24) = 3.18; SFT must have learned something
     assert info["sft_final_loss"] < 2.0
-    assert 0.0 <= info["eval_accuracy"] <= 1.0 and info["eval_problems"] == 200
+    assert 0.0 <= info["dev_accuracy"] <= 1.0 and info["dev_problems"] == 200
 
 
 def test_tokenizer_loads_from_folder(built: tuple[RunConfig, Path, float]) -> None:
@@ -98,7 +98,7 @@ def test_greedy_eval_of_saved_model_matches_build(built: tuple[RunConfig, Path, 
     model = Qwen2ForCausalLM.from_pretrained(str(path))
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     tok = load_tokenizer(path)
-    problems = load_split(cfg.task, "eval")[:200]
+    problems = load_split(cfg.task, "train")[-200:]  # the SFT dev set: the end of the train split
     threads = torch.get_num_threads()
     torch.set_num_threads(SFT_THREADS)  # the build's kernels, so the same float sums and argmaxes
     try:
@@ -106,7 +106,7 @@ def test_greedy_eval_of_saved_model_matches_build(built: tuple[RunConfig, Path, 
     finally:
         torch.set_num_threads(threads)
     info = json.loads((path / BUILD_INFO).read_text())
-    assert result.num_problems == 200 and result.accuracy == info["eval_accuracy"]
+    assert result.num_problems == 200 and result.accuracy == info["dev_accuracy"]
     assert any(r for r in result.responses), "SFT should have taught the model to emit digits"
     # left padding is invisible: decoding alone or in a batch of mixed lengths gives the same tokens
     prompts = [encode_prompt(tok, p.prompt) for p in problems[:12]]
