@@ -82,6 +82,8 @@ class GenerationConfig(_Section):
     max_model_len: int = Field(64, ge=16)
     kv_cache_gib: float = Field(0.25, gt=0, le=1024)
     max_num_seqs: int = Field(64, ge=1)
+    cpu_threads: int = Field(1, ge=0, le=1024, description="vLLM CPU build: unpinned OpenMP threads per engine worker "
+                             "(0: vLLM's automatic core binding).")
     seed: int = 0
 
 

@@ -34,6 +34,9 @@ class EngineSettings:
     dtype: str = "float32"
     enforce_eager: bool = True
     work_dir: str | None = None  # VLLM_RPC_BASE_PATH / VLLM_CACHE_ROOT live here when set
+    # CPU build: OpenMP threads per worker, not pinned (0: vLLM's auto binding, which pins every engine's worker
+    # to the same cores and starves the API process and the other roles on a small machine)
+    cpu_threads: int = 1
 
 
 @dataclass
@@ -90,6 +93,9 @@ class GenerationEngine:
             os.environ.setdefault("VLLM_RPC_BASE_PATH", os.path.join(settings.work_dir, "rpc"))
             os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(settings.work_dir, "vllm-cache"))
             os.makedirs(os.environ["VLLM_RPC_BASE_PATH"], exist_ok=True)
+        if settings.cpu_threads > 0:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+            os.environ["OMP_NUM_THREADS"] = str(settings.cpu_threads)
         from vllm.config import WeightTransferConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = EngineSettings(
         model=str(resolve_model_path(ctx.cfg)), max_model_len=g.max_model_len, kv_cache_gib=g.kv_cache_gib,
         max_num_seqs=g.max_num_seqs, seed=g.seed + int("".join(c for c in args.id if c.isdigit()) or 0),
-        dtype="float32",
+        dtype="float32", cpu_threads=g.cpu_threads,
     )
 
     def ready(host: str, port: int) -> None:

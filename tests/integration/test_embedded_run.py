@@ -61,13 +61,14 @@ def test_summary_and_progress(finished_run):
     assert f"step    {cfg.training.steps}/{cfg.training.steps}" in stdout
 
 
-def test_s3_holds_groups_checkpoint_and_matching_checksums(finished_run):
+def test_s3_holds_groups_checkpoint_and_matching_checksums(finished_run, monkeypatch):
     run_dir, _ = finished_run
     summary = json.loads((run_dir / "run_summary.json").read_text())
     cfg = load_config(ROOT / "configs/smoke.yaml")
     # restart the S3 server over the run's data folder: everything the run wrote is still there
     with EmbeddedS3(run_dir / "s3") as s3:
-        os.environ.update(s3.env())
+        for k, v in s3.env().items():
+            monkeypatch.setenv(k, v)
         store = S3Store(s3.endpoint_url, cfg.storage.bucket)
         paths = RunPaths(cfg.storage.prefix, summary["run_id"])
         reader = GroupReader(store, paths)
