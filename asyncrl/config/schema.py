@@ -27,7 +27,8 @@ class TinyModelConfig(_Section):
     sft_batch_size: int = Field(64, ge=1)
     sft_lr: float = Field(2e-3, gt=0, le=1.0)
     sft_target_accuracy: float = Field(
-        0.35, gt=0, le=1.0, description="SFT stops once greedy eval accuracy reaches this (the warm start should solve part of the task)."
+        0.35, gt=0, le=1.0, description="SFT stops once greedy accuracy on a dev set carved from the train split reaches "
+        "this (the warm start should solve part of the task)."
     )
     seed: int = 0
 
@@ -44,7 +45,7 @@ class TaskConfig(_Section):
 
     name: Literal["arithmetic"] = "arithmetic"
     num_train: int = Field(1600, ge=1, description="Train problems; capped (with a warning) at all problems not in the eval split.")
-    num_eval: int = Field(200, ge=1)
+    num_eval: int = Field(200, ge=1, description="Held-out problems, disjoint from train.")
     max_operand: int = Field(29, ge=1, le=10**6, description="Operands are drawn from 0..max_operand.")
     operations: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+", "-"], min_length=1)
     seed: int = 1234
@@ -70,17 +71,17 @@ class RolloutConfig(_Section):
     async_ratio: int = Field(1, ge=0, le=64, description="α: a sample started under version s trains at step k only if s >= k - α.")
     prompts_per_step: int = Field(8, ge=1, description="B: prompts (groups) per training step.")
     samples_per_prompt: int = Field(8, ge=1, le=1024, description="n: samples of each prompt (the group size).")
-    max_new_tokens: int = Field(8, ge=1)
-    temperature: float = Field(1.0, gt=0, le=10.0)
+    max_new_tokens: int = Field(8, ge=1, description="Longest response.")
+    temperature: float = Field(1.0, gt=0, le=10.0, description="Sampling temperature; the trainer's log-probs use it too.")
     top_p: float = Field(1.0, gt=0, le=1.0)
     num_writers: int = Field(1, ge=1, le=64, description="Environment role instances, each writing its own group stream.")
     request_timeout_s: float = Field(120.0, gt=0)
 
 
 class GenerationConfig(_Section):
-    num_servers: int = Field(1, ge=1, le=64)
-    max_model_len: int = Field(64, ge=16)
-    kv_cache_gib: float = Field(0.25, gt=0, le=1024)
+    num_servers: int = Field(1, ge=1, le=64, description="vLLM generation servers (one engine each).")
+    max_model_len: int = Field(64, ge=16, description="Prompt + response tokens per sequence.")
+    kv_cache_gib: float = Field(0.25, gt=0, le=1024, description="KV cache per engine.")
     max_num_seqs: int = Field(64, ge=1)
     cpu_threads: int = Field(1, ge=0, le=1024, description="vLLM CPU build: unpinned OpenMP threads per engine worker "
                              "(0: vLLM's automatic core binding).")
@@ -91,13 +92,13 @@ LossName = Literal["ppo", "decoupled_ppo", "tis", "cispo", "topr"]
 
 
 class TrainingConfig(_Section):
-    steps: int = Field(20, ge=1)
+    steps: int = Field(20, ge=1, description="Training steps (policy versions) of the run.")
     lr: float = Field(1e-4, gt=0, le=1.0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(64, ge=1, description="Samples per forward/backward pass.")
-    zero_stage: int = Field(0, ge=0, le=3)
-    loss: LossName = "decoupled_ppo"
+    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
+    loss: LossName = Field("decoupled_ppo", description="Policy loss, ALGORITHMS.md §3.")
     clip_low: float = Field(0.2, ge=0, lt=1)
     clip_high: float = Field(0.2, ge=0)
     dual_clip: float | None = Field(None, gt=1)
@@ -129,14 +130,15 @@ class TrainingConfig(_Section):
 
 
 class StorageConfig(_Section):
-    endpoint_url: str = Field("", description="S3 endpoint. Empty: the embedded SeaweedFS server on loopback.")
+    endpoint_url: str = Field("", description="S3 endpoint (credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY). "
+                              "Empty: `asyncrl run` starts SeaweedFS on loopback with its data in the run folder.")
     bucket: str = Field("asyncrl", min_length=3, max_length=63, pattern=r"^[a-z0-9][a-z0-9.-]+[a-z0-9]$")
-    prefix: str = Field("runs", pattern=r"^[A-Za-z0-9._/-]*$")
+    prefix: str = Field("runs", pattern=r"^[A-Za-z0-9._/-]*$", description="Runs live under s3://bucket/prefix/run_id/.")
     region: str = "us-east-1"
 
 
 class TrackingConfig(_Section):
-    tracking_uri: str = Field("", description="MLflow tracking URI. Empty: a local sqlite store in the run folder.")
+    tracking_uri: str = Field("", description="MLflow tracking URI. Empty: one local sqlite store for all runs, runs_dir/mlflow.db.")
     experiment: str = Field("asyncrl", min_length=1)
 
 
@@ -163,7 +165,7 @@ class RunConfig(_Section):
     storage: StorageConfig = StorageConfig()
     tracking: TrackingConfig = TrackingConfig()
     timeouts: TimeoutsConfig = TimeoutsConfig()
-    eval_before_after: bool = True
+    eval_before_after: bool = Field(True, description="Greedy accuracy on the eval split before and after training.")
 
     @model_validator(mode="after")
     def _cross_field(self) -> RunConfig:

@@ -35,7 +35,7 @@ from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.roles.context import base_url, wait_for_rendezvous
 from asyncrl.rollout.evaluation import evaluate
 from asyncrl.tasks.arithmetic import load_split
-from asyncrl.tracking.mlflow_tracker import Tracker, flatten_params
+from asyncrl.tracking.mlflow_tracker import Tracker, embedded_tracking_uri, flatten_params
 from asyncrl.transport.run_layout import RunPaths, run_url
 from asyncrl.transport.s3 import S3Store
 from asyncrl.transport.weight_buckets import checksums_match
@@ -45,6 +45,30 @@ log = logging.getLogger(__name__)
 
 class RunFailed(RuntimeError):
     pass
+
+
+class ExternalS3:
+    """An S3 server the user runs (MinIO, AWS): same interface as `EmbeddedS3`, nothing to start or stop.
+
+    Credentials come from the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), never from the config.
+    """
+
+    def __init__(self, endpoint_url: str, region: str) -> None:
+        self.endpoint_url = endpoint_url
+        self.region = region
+
+    def __enter__(self) -> ExternalS3:
+        missing = [k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if not os.environ.get(k)]
+        if missing:
+            raise RunFailed(f"storage.endpoint_url is set: expected {' and '.join(missing)} in the environment")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def env(self) -> dict[str, str]:
+        return {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")} | {
+            "AWS_ENDPOINT_URL": self.endpoint_url, "AWS_DEFAULT_REGION": self.region}
 
 
 def new_run_id(cfg: RunConfig) -> str:
@@ -68,7 +92,7 @@ class EmbeddedRun:
         self.tracker: Tracker | None = None
 
     # ---- setup ---------------------------------------------------------------------------------------
-    def child_env(self, s3: EmbeddedS3) -> dict[str, str]:
+    def child_env(self, s3: EmbeddedS3 | ExternalS3) -> dict[str, str]:
         cache = Path(self.cfg.cache_dir).resolve()
         env = {**os.environ, **s3.env(), "AWS_ENDPOINT_URL": s3.endpoint_url,
                "AWS_DEFAULT_REGION": self.cfg.storage.region,
@@ -82,12 +106,12 @@ class EmbeddedRun:
     def write_run_documents(self, store: S3Store) -> None:
         store.ensure_bucket()
         store.put_json(self.paths.config(), self.cfg.model_dump(mode="json"), if_absent=True)
-        tracking_uri = self.cfg.tracking.tracking_uri or f"sqlite:///{self.run_dir / 'mlflow.db'}"
+        # one local store for every run under runs_dir, so runs can be compared side by side in the MLflow UI
+        tracking_uri = self.cfg.tracking.tracking_uri or embedded_tracking_uri(self.run_dir.parent)
         self.tracker = Tracker.create(
             tracking_uri, self.cfg.tracking.experiment, self.cfg.run_id,
             params=flatten_params(self.cfg.model_dump(mode="json")),
             tags={"asyncrl.run_url": self.url, "asyncrl.mode": "embedded"},
-            artifact_root=str(self.run_dir / "mlflow-artifacts"),
         )
         store.put_json(self.paths.tracking(), {"tracking_uri": tracking_uri, "mlflow_run_id": self.tracker.run_id})
 
@@ -153,7 +177,8 @@ class EmbeddedRun:
         _print(f"asyncrl run {cfg.run_id}: folder {self.run_dir}")
         model_path = resolve_model_path(cfg)
         tokenizer = load_tokenizer(model_path)
-        with EmbeddedS3(self.run_dir / "s3") as s3:
+        st = cfg.storage
+        with ExternalS3(st.endpoint_url, st.region) if st.endpoint_url else EmbeddedS3(self.run_dir / "s3") as s3:
             os.environ.update(s3.env())  # this process talks to S3 with the server's credentials too
             store = S3Store(s3.endpoint_url, cfg.storage.bucket, region=cfg.storage.region)
             self.write_run_documents(store)

@@ -2,8 +2,8 @@
 
 `Tracker` wraps an explicit `mlflow.MlflowClient` bound to one run id: no global active-run state, so
 several processes (trainer, environment, ...) log to the same run by `Tracker.attach(uri, run_id)`.
-Embedded mode uses `sqlite:///<run folder>/mlflow.db` (`embedded_tracking_uri`) with artifacts in
-`<run folder>/artifacts` (set as the experiment's artifact location when the experiment is created).
+Embedded mode uses one `sqlite:///<runs folder>/mlflow.db` for every local run (so runs compare side by side), with artifacts in
+`<runs folder>/artifacts` (set as the experiment's artifact location when the experiment is created).
 
 Invariants: parameters are flattened to `section.key` strings and any key that looks like a secret
 is dropped before anything is sent (`flatten_params`); metric values are finite-or-NaN floats; every
@@ -75,9 +75,9 @@ def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str
     return out
 
 
-def embedded_tracking_uri(run_dir: Path | str) -> str:
-    """`sqlite:///<abs run folder>/mlflow.db`: the embedded-mode store of one run."""
-    return f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
+def embedded_tracking_uri(runs_dir: Path | str) -> str:
+    """`sqlite:///<abs runs folder>/mlflow.db`: the embedded-mode store shared by the runs in that folder."""
+    return f"sqlite:///{Path(runs_dir).resolve() / 'mlflow.db'}"
 
 
 def _default_artifact_location(tracking_uri: str) -> str | None:

@@ -88,7 +88,7 @@ def test_s3_holds_groups_checkpoint_and_matching_checksums(finished_run, monkeyp
 def test_mlflow_has_step_metrics(finished_run):
     run_dir, _ = finished_run
     cfg = load_config(ROOT / "configs/smoke.yaml")
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir.parent / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name(cfg.tracking.experiment).experiment_id])
     assert len(runs) == 1
     run = runs[0]
