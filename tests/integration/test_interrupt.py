@@ -1,0 +1,61 @@
+"""Ctrl-C on `asyncrl run` stops every role process (and vLLM's engine processes) and exits 130."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run_processes(run_dir: Path) -> list[int]:
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            env = p.environ()
+        except (psutil.Error, OSError):
+            continue
+        if str(run_dir) in cmd or any(str(run_dir) in v for v in env.values()):
+            found.append(p.info["pid"])
+    return found
+
+
+def test_ctrl_c_stops_everything(tmp_path):
+    runs = tmp_path / "runs"
+    run_dir = runs / "interrupt-test"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncrl.cli", "run", str(ROOT / "configs/smoke.yaml"), "--set", f"runs_dir={runs}",
+         "--set", "run_id=interrupt-test", "--set", f"cache_dir={ROOT / '.cache/asyncrl'}",
+         "--set", "generation.num_servers=1"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ},
+    )
+    try:
+        deadline = time.monotonic() + 300
+        started = False
+        while time.monotonic() < deadline and proc.poll() is None:
+            logs = run_dir / "logs"
+            if logs.is_dir() and any(logs.glob("generation-*.log")):
+                started = True
+                break
+            time.sleep(0.5)
+        assert started, "the launcher never started a generation server"
+        time.sleep(15)  # the engine is starting: its EngineCore and worker processes exist
+        assert len(_run_processes(run_dir)) >= 3
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out[-2000:]
+    assert "interrupted: all roles stopped" in out
+    time.sleep(1)
+    assert _run_processes(run_dir) == []
