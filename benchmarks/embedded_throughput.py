@@ -68,7 +68,9 @@ def main() -> None:
         r["ratio_vs_first"] = r["samples_per_s"] / base if base else None
         print(f"{r['name']:<18}{r['samples_per_s']:>11.2f}{r['ratio_vs_first']:>8.2f}{r['train_wall_s']:>9.1f}"
               f"{r['staleness_mean']:>11.2f}/{r['staleness_max']:<4}{r['samples_dropped_stale']:>9}")
-    out = {"benchmark": "embedded_throughput", "config": args.config, "steps": args.steps,
+    config = Path(args.config).resolve()
+    out = {"benchmark": "embedded_throughput",
+           "config": str(config.relative_to(ROOT)) if config.is_relative_to(ROOT) else str(config), "steps": args.steps,
            "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
            "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -110,5 +110,11 @@ def wait_for_rendezvous(store: S3Store, paths: RunPaths, role: str, count: int, 
         time.sleep(poll_s)
 
 
+def instance_index(role_id: str) -> int:
+    """The number in an instance id (`env3` → 3, `0` → 0, `a` → 0): offsets seeds and prompt streams."""
+    digits = "".join(c for c in role_id if c.isdigit())
+    return int(digits) if digits else 0
+
+
 def base_url(doc: dict[str, Any]) -> str:
     return f"http://{doc['host']}:{doc['port']}"

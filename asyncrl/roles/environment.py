@@ -24,7 +24,7 @@ import httpx
 from asyncrl.config import RunConfig
 from asyncrl.models.tiny import resolve_model_path
 from asyncrl.models.tokenizer import decode_response, encode_prompt, load_tokenizer
-from asyncrl.roles.context import RoleContext, base_url, role_arg_parser, setup_logging
+from asyncrl.roles.context import RoleContext, base_url, instance_index, role_arg_parser, setup_logging
 from asyncrl.rollout.clients import GenerationClient, RemoteError, RewardClient
 from asyncrl.rollout.scheduler import Abort, Decision, EmitGroup, RolloutScheduler, Start
 from asyncrl.tasks.arithmetic import Problem, load_split
@@ -70,8 +70,7 @@ class EnvironmentRunner:
         self.problems = load_split(cfg.task, "train")
         self.tokenizer = load_tokenizer(resolve_model_path(cfg))
         self.eos_id = int(self.tokenizer.eos_token_id)
-        writer_index = int("".join(c for c in ctx.role_id if c.isdigit()) or 0)
-        self.prompts = prompt_stream(len(self.problems), cfg.task.seed + 7919 * writer_index)
+        self.prompts = prompt_stream(len(self.problems), cfg.task.seed + 7919 * instance_index(ctx.role_id))
         self.writer = GroupWriter(ctx.store, ctx.paths, ctx.role_id)
         self.pending: dict[str, _Pending] = {}
         self.tasks: set[asyncio.Task] = set()

@@ -12,7 +12,7 @@ import asyncio
 from asyncrl.generation.engine import EngineSettings
 from asyncrl.generation.server import run_server
 from asyncrl.models.tiny import resolve_model_path
-from asyncrl.roles.context import RoleContext, advertised, role_arg_parser, setup_logging
+from asyncrl.roles.context import RoleContext, advertised, instance_index, role_arg_parser, setup_logging
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     g = ctx.cfg.generation
     settings = EngineSettings(
         model=str(resolve_model_path(ctx.cfg)), max_model_len=g.max_model_len, kv_cache_gib=g.kv_cache_gib,
-        max_num_seqs=g.max_num_seqs, seed=g.seed + int("".join(c for c in args.id if c.isdigit()) or 0),
+        max_num_seqs=g.max_num_seqs, seed=g.seed + instance_index(args.id),
         dtype="float32", cpu_threads=g.cpu_threads,
     )
 
