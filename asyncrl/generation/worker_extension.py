@@ -34,7 +34,7 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from asyncrl.transport.weight_buckets import weights_checksum
-from asyncrl.transport.weight_sync import join_group, local_ip_towards, receive_weights
+from asyncrl.transport.weight_sync import join_group, local_ip_towards, receive_weights, shutdown_group
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +126,7 @@ class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlU
 
     def shutdown(self) -> None:
         pg, self.pg = self.pg, None
-        if pg is not None:
-            try:
-                pg.shutdown()
-            except Exception as e:  # noqa: BLE001 - best effort
-                log.debug("asyncrl weight transfer: group shutdown: %s", e)
+        shutdown_group(pg)
         self.store = None
 
 

@@ -133,7 +133,7 @@ class EnvironmentRunner:
         pending.samples[d.sample_index] = Sample(
             group_id=d.group_id, sample_index=d.sample_index, prompt_token_ids=pending.prompt_ids,
             token_ids=out.token_ids, logprobs=out.logprobs, token_versions=out.token_versions,
-            start_version=min(out.start_version, *out.token_versions) if out.token_versions else out.start_version,
+            start_version=out.start_version,
             reward=reward, finish_reason=out.finish_reason,
         )
         self.samples_done += 1

@@ -24,6 +24,17 @@ class Generated:
     start_version: int
 
 
+async def post_json(client: httpx.AsyncClient, url: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """POST `body` as JSON; a transport error, a deadline or a non-200 answer becomes `RemoteError`."""
+    try:
+        r = await client.post(url, json=body, timeout=timeout_s)
+    except httpx.HTTPError as err:
+        raise RemoteError(f"POST {url}: {type(err).__name__}: {err}") from err
+    if r.status_code != 200:
+        raise RemoteError(f"POST {url}: HTTP {r.status_code}: {r.text[:300]}")
+    return r.json()
+
+
 class GenerationClient:
     """One generation server: `generate`, `abort`, `health`."""
 
@@ -33,14 +44,7 @@ class GenerationClient:
         self._timeout = timeout_s
 
     async def _post(self, path: str, body: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
-        url = f"{self.base_url}{path}"
-        try:
-            r = await self._client.post(url, json=body, timeout=timeout_s or self._timeout)
-        except httpx.HTTPError as err:
-            raise RemoteError(f"POST {url}: {type(err).__name__}: {err}") from err
-        if r.status_code != 200:
-            raise RemoteError(f"POST {url}: HTTP {r.status_code}: {r.text[:300]}")
-        return r.json()
+        return await post_json(self._client, f"{self.base_url}{path}", body, timeout_s or self._timeout)
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], *, max_tokens: int, temperature: float,
                        top_p: float, seed: int | None, stop_token_ids: list[int],
@@ -75,13 +79,6 @@ class RewardClient:
         self._timeout = timeout_s
 
     async def score(self, task: str, prompt: str, response: str, metadata: dict[str, Any]) -> tuple[float, dict]:
-        url = f"{self.base_url}/score"
-        try:
-            r = await self._client.post(url, json={"task": task, "prompt": prompt, "response": response,
-                                                   "metadata": metadata}, timeout=self._timeout)
-        except httpx.HTTPError as err:
-            raise RemoteError(f"POST {url}: {type(err).__name__}: {err}") from err
-        if r.status_code != 200:
-            raise RemoteError(f"POST {url}: HTTP {r.status_code}: {r.text[:300]}")
-        out = r.json()
+        out = await post_json(self._client, f"{self.base_url}/score", {
+            "task": task, "prompt": prompt, "response": response, "metadata": metadata}, self._timeout)
         return float(out["reward"]), dict(out.get("details", {}))

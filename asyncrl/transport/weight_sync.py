@@ -101,6 +101,16 @@ def join_group(
     return pg
 
 
+def shutdown_group(pg: dist.ProcessGroup | None) -> None:
+    """Shut a weight-sync group down, best effort (the peer may already be gone)."""
+    if pg is None:
+        return
+    try:
+        pg.shutdown()
+    except Exception as e:  # noqa: BLE001 - best effort
+        log.debug("weight sync: process group shutdown: %s", e)
+
+
 def _broadcast(pg: dist.ProcessGroup, tensor: torch.Tensor, timeout_s: float) -> None:
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
@@ -278,9 +288,5 @@ class WeightSender:
 
     def close(self) -> None:
         pg, self._pg = self._pg, None
-        if pg is not None:
-            try:
-                pg.shutdown()
-            except Exception as e:  # noqa: BLE001 - best effort
-                log.debug("weight sync: process group shutdown: %s", e)
+        shutdown_group(pg)
         self._store = None
