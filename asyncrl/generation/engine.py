@@ -1,14 +1,18 @@
 """The generation engine: a thin wrapper around vLLM's `AsyncLLM` (token ids in, token ids out).
 
-Owns: starting/stopping vLLM, one request's life (`generate`, `abort`), the load figures of `/health`,
-and the weight-update sequence (pause keep → receive → reset prefix cache → new version → resume).
+Owns: starting/stopping vLLM, one request's life (`generate`, `abort`), the load figures and cumulative
+activity counters of `/health` (`ActivityCounters`), and the weight-update sequence (pause keep → receive →
+reset prefix cache → new version → resume).
 
 Invariants:
 - `version` is the policy version of the weights serving new tokens; vLLM labels each output token with
   the version set by `update_weight_version`, so a request that spans an update reports per-token versions
   (non-decreasing, each >= its `start_version`);
 - one weight update at a time (a lock); generation is paused only while the weights are being replaced;
-- `/generate` returns exactly one log-prob and one version per returned token.
+- `/generate` returns exactly one log-prob and one version per returned token;
+- `min_tokens` / `ignore_eos` go to vLLM as is. vLLM's `ignore_eos` ignores only the model's own EOS (with
+  `skip_tokenizer_init`: the `eos_token_id` of generation_config.json); ids listed in `stop_token_ids` still
+  stop the request. `min_tokens` suppresses both the EOS and `stop_token_ids` until that many tokens exist.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +54,8 @@ class GenerateParams:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
+    min_tokens: int = 0
+    ignore_eos: bool = False
 
 
 class EngineUnavailable(RuntimeError):
@@ -62,6 +70,56 @@ class RequestConflict(ValueError):
 class _InFlight:
     max_tokens: int
     generated: int = 0
+
+
+class ActivityCounters:
+    """Cumulative activity since start, for rates between two `/health` polls. Pure: time comes from `clock`.
+
+    Invariants: `busy_s` counts each second once however many requests overlap (an interval opens when the
+    in-flight count goes 0 → 1 and closes when it goes 1 → 0; the open interval counts up to now), so
+    0 <= busy_s <= uptime_s; every request that `begin`s is `end`ed once, as finished (finish_reason "stop"
+    or "length") or aborted (anything else: /abort, a failed weight update, an error, a cancelled handler).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._t0 = clock()
+        self._inflight = 0
+        self._busy_closed = 0.0
+        self._busy_since: float | None = None
+        self.tokens_generated = 0
+        self.requests_finished = 0
+        self.requests_aborted = 0
+        self.updates = 0
+
+    def begin(self) -> None:
+        if self._inflight == 0:
+            self._busy_since = self._clock()
+        self._inflight += 1
+
+    def end(self, finished: bool) -> None:
+        if self._inflight <= 0:
+            raise RuntimeError("ActivityCounters.end without a matching begin")
+        self._inflight -= 1
+        if finished:
+            self.requests_finished += 1
+        else:
+            self.requests_aborted += 1
+        if self._inflight == 0 and self._busy_since is not None:
+            self._busy_closed += self._clock() - self._busy_since
+            self._busy_since = None
+
+    def snapshot(self) -> dict[str, Any]:
+        now = self._clock()
+        busy = self._busy_closed + (now - self._busy_since if self._busy_since is not None else 0.0)
+        return {
+            "uptime_s": now - self._t0,
+            "busy_s": busy,
+            "tokens_generated": self.tokens_generated,
+            "requests_finished": self.requests_finished,
+            "requests_aborted": self.requests_aborted,
+            "updates": self.updates,
+        }
 
 
 def token_versions_from_spans(spans: list[Any] | None, n: int, default: int) -> list[int]:
@@ -85,6 +143,7 @@ class GenerationEngine:
         self._update_lock = asyncio.Lock()
         self.weights_initialised = False
         self.failed: str | None = None  # set when a weight update failed half-way (model unusable)
+        self.counters = ActivityCounters()
 
     @classmethod
     async def start(cls, settings: EngineSettings) -> GenerationEngine:
@@ -136,6 +195,8 @@ class GenerationEngine:
                 f"max_tokens: prompt ({len(p.prompt_token_ids)} tokens) + max_tokens ({p.max_tokens}) exceeds "
                 f"max_model_len {self.settings.max_model_len}"
             )
+        if not 0 <= p.min_tokens <= p.max_tokens:
+            raise ValueError(f"min_tokens: expected 0 <= min_tokens <= max_tokens ({p.max_tokens}), got {p.min_tokens}")
         params = SamplingParams(
             n=1,
             max_tokens=p.max_tokens,
@@ -143,6 +204,8 @@ class GenerationEngine:
             top_p=p.top_p,
             seed=p.seed,
             stop_token_ids=list(p.stop_token_ids),
+            min_tokens=p.min_tokens,
+            ignore_eos=p.ignore_eos,
             logprobs=0,
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
@@ -150,6 +213,7 @@ class GenerationEngine:
         start_version = self.version
         state = _InFlight(max_tokens=p.max_tokens)
         self._inflight[p.request_id] = state
+        self.counters.begin()
         token_ids: list[int] = []
         logprobs: list[float] = []
         finish_reason = "abort"
@@ -159,6 +223,7 @@ class GenerationEngine:
                 comp = out.outputs[0]
                 new_ids = list(comp.token_ids)
                 token_ids.extend(new_ids)
+                self.counters.tokens_generated += len(new_ids)
                 for tok, lp in zip(new_ids, comp.logprobs or [], strict=False):
                     logprobs.append(float(lp[tok].logprob))
                 state.generated = len(token_ids)
@@ -167,6 +232,7 @@ class GenerationEngine:
                     spans = comp.weight_versions
         finally:
             self._inflight.pop(p.request_id, None)
+            self.counters.end(finished=finish_reason in ("stop", "length"))
         if len(logprobs) != len(token_ids):
             raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(token_ids)} tokens")
         versions = token_versions_from_spans(spans, len(token_ids), start_version)
@@ -187,7 +253,9 @@ class GenerationEngine:
         return True
 
     def health(self) -> dict[str, Any]:
-        """`running`: requests producing tokens; `waiting`: admitted, no token yet; `load`: tokens still owed."""
+        """`running`: requests producing tokens; `waiting`: admitted, no token yet; `load`: tokens still owed;
+        plus the cumulative `ActivityCounters` fields (uptime_s, busy_s, tokens_generated, requests_finished,
+        requests_aborted, updates)."""
         running = sum(1 for s in self._inflight.values() if s.generated > 0)
         waiting = len(self._inflight) - running
         load = sum(max(0, s.max_tokens - s.generated) for s in self._inflight.values())
@@ -197,7 +265,8 @@ class GenerationEngine:
             status = "failed"
         else:
             status = "updating" if self._update_lock.locked() else "ok"
-        return {"status": status, "version": self.version, "running": running, "waiting": waiting, "load": load}
+        return {"status": status, "version": self.version, "running": running, "waiting": waiting, "load": load,
+                **self.counters.snapshot()}
 
     # ---- weights --------------------------------------------------------------------------------------
     async def init_weight_sync(self, info: dict[str, Any], timeout_s: float) -> None:
@@ -240,6 +309,7 @@ class GenerationEngine:
                 raise
             self.version = version
             self.failed = None
+            self.counters.updates += 1
             await self.llm.resume_generation()
             seconds = loop.time() - t0
         log.info("weights: now at version %d (%.2f s paused)", version, seconds)

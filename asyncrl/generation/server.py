@@ -3,7 +3,8 @@
 Routes (DESIGN.md "Generation API" and "Weight sync"):
 - `POST /generate` GenerateRequest → {request_id, token_ids, logprobs, token_versions, finish_reason, start_version}
 - `POST /abort` {request_id} → {request_id, aborted}
-- `GET /health` → {status, version, running, waiting, load}
+- `GET /health` → {status, version, running, waiting, load, uptime_s, busy_s, tokens_generated,
+  requests_finished, requests_aborted, updates} (the last six cumulative since the engine was ready)
 - `POST /weights/init` {master_addr, master_port, rank, world_size, backend, timeout_s[, group_name]}
 - `POST /weights/update` {version[, timeout_s]} → {version, seconds}
 - `GET /weights/checksum` → {version, checksum, source, workers: [per-worker checksums]}
@@ -29,7 +30,7 @@ from typing import Any, Literal
 
 import uvicorn
 from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from asyncrl.generation.engine import (
     EngineSettings,
@@ -55,6 +56,16 @@ class GenerateRequest(_Body):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = None
     stop_token_ids: list[int] = Field(default_factory=list)
+    min_tokens: int = Field(0, ge=0)  # EOS and stop_token_ids cannot end the request before this many tokens
+    ignore_eos: bool = False  # the model's EOS does not end the request (stop_token_ids still do)
+
+    @field_validator("min_tokens")
+    @classmethod
+    def _min_tokens_within_max_tokens(cls, v: int, info: ValidationInfo) -> int:
+        max_tokens = info.data.get("max_tokens")  # absent when max_tokens itself failed validation
+        if max_tokens is not None and v > max_tokens:
+            raise ValueError(f"expected min_tokens <= max_tokens ({max_tokens}), got {v}")
+        return v
 
 
 class AbortRequest(_Body):

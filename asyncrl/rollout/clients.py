@@ -48,10 +48,13 @@ class GenerationClient:
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], *, max_tokens: int, temperature: float,
                        top_p: float, seed: int | None, stop_token_ids: list[int],
-                       timeout_s: float | None = None) -> Generated:
+                       timeout_s: float | None = None, min_tokens: int = 0, ignore_eos: bool = False) -> Generated:
+        """One sample. `min_tokens`: EOS/stop ids cannot end it earlier; `ignore_eos`: the model's EOS does not
+        end it (ids in `stop_token_ids` still do, so leave EOS out of them to get lengths up to `max_tokens`)."""
         out = await self._post("/generate", {
             "request_id": request_id, "prompt_token_ids": prompt_token_ids, "max_tokens": max_tokens,
             "temperature": temperature, "top_p": top_p, "seed": seed, "stop_token_ids": stop_token_ids,
+            "min_tokens": min_tokens, "ignore_eos": ignore_eos,
         }, timeout_s)
         try:
             return Generated([int(t) for t in out["token_ids"]], [float(x) for x in out["logprobs"]],

@@ -1,7 +1,9 @@
 """Start `python -m asyncrl.generation.server` as a subprocess for integration tests.
 
-`shared_generation_server()` starts ONE server per test session (engine start is ~30-60 s on 2 cores)
-over a tiny random Qwen2 model, and kills it (and its vLLM children) at interpreter exit.
+`shared_generation_server()` and `shared_eos_server()`: the session's two servers (engine start is ~30-60 s
+on 2 cores; both start at once on first use and are killed, with their vLLM children, at interpreter exit)
+over the same tiny random Qwen2 weights. The first model has no EOS; the second's generation_config.json
+names `EOS_TOKEN` as EOS (vLLM, run without a tokenizer, takes the EOS from there).
 """
 
 from __future__ import annotations
@@ -47,11 +49,19 @@ class ServerProcess:
             return ""
 
 
-MAX_MODEL_LEN = 2048  # long enough that a request spans an /abort or a weight update (~4 ms per token)
+# Long enough that a request is certain to span an /abort or a weight update: ~4 ms per token on 2 cores, so
+# a full-length request decodes for ~30 s (tests abort it once they have seen what they wait for).
+MAX_MODEL_LEN = 8192
 
 
-def start_server(model_dir: Path, work_dir: Path, timeout_s: float = 300.0, max_model_len: int = MAX_MODEL_LEN) -> ServerProcess:
-    """Start a server on a free port; return once its ready file exists and /health answers."""
+@dataclass
+class _Launched:
+    proc: subprocess.Popen[bytes]
+    ready: Path
+    log_path: Path
+
+
+def _launch(model_dir: Path, work_dir: Path, max_model_len: int) -> _Launched:
     work_dir.mkdir(parents=True, exist_ok=True)
     ready = work_dir / "ready.json"
     log_path = work_dir / "server.log"
@@ -62,33 +72,79 @@ def start_server(model_dir: Path, work_dir: Path, timeout_s: float = 300.0, max_
     ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + timeout_s
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            server = ServerProcess(proc, "", log_path)
-            server.stop()
-            raise RuntimeError(f"generation server did not start (rc={proc.returncode}):\n{server.log_tail()}")
-        time.sleep(0.5)
-    info = json.loads(ready.read_text())
-    server = ServerProcess(proc, f"http://{info['host']}:{info['port']}", log_path)
-    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
-    return server
+    return _Launched(proc, ready, log_path)
 
+
+def _wait_ready(launched: list[_Launched], timeout_s: float) -> list[ServerProcess]:
+    """Wait until every launched server's ready file exists and /health answers; on failure stop them all."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        for one in launched:
+            while not one.ready.exists():
+                if one.proc.poll() is not None or time.monotonic() > deadline:
+                    tail = ServerProcess(one.proc, "", one.log_path).log_tail()
+                    raise RuntimeError(f"generation server did not start (rc={one.proc.returncode}):\n{tail}")
+                time.sleep(0.5)
+        servers = []
+        for one in launched:
+            info = json.loads(one.ready.read_text())
+            server = ServerProcess(one.proc, f"http://{info['host']}:{info['port']}", one.log_path)
+            assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+            servers.append(server)
+        return servers
+    except BaseException:
+        for one in launched:
+            ServerProcess(one.proc, "", one.log_path).stop()
+        raise
+
+
+def start_server(model_dir: Path, work_dir: Path, timeout_s: float = 300.0, max_model_len: int = MAX_MODEL_LEN) -> ServerProcess:
+    """Start a server on a free port; return once its ready file exists and /health answers."""
+    return _wait_ready([_launch(model_dir, work_dir, max_model_len)], timeout_s)[0]
+
+
+EOS_TOKEN = 20  # the most frequent token of the seed-0 tiny model (~8% of sampled tokens)
 
 _SHARED: dict[str, object] = {}
 
 
+def _start_shared() -> None:
+    """Build the model and its EOS copy, start both session servers at once (starts overlap on 2 cores)."""
+    root = Path(tempfile.mkdtemp(prefix="asyncrl-gen-test-"))
+    model_dir = build_tiny_random_model(root / "model", seed=0, max_position_embeddings=MAX_MODEL_LEN)
+    eos_dir = root / "model-eos"
+    shutil.copytree(model_dir, eos_dir)
+    gen_config = eos_dir / "generation_config.json"
+    doc = json.loads(gen_config.read_text()) if gen_config.exists() else {}
+    doc["eos_token_id"] = EOS_TOKEN
+    gen_config.write_text(json.dumps(doc))
+    try:
+        server, eos_server = _wait_ready(
+            [_launch(model_dir, root / "server0", MAX_MODEL_LEN), _launch(eos_dir, root / "server-eos", MAX_MODEL_LEN)],
+            timeout_s=400.0,
+        )
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    _SHARED.update(server=server, model_dir=model_dir, eos_server=eos_server, eos_model_dir=eos_dir)
+
+    def cleanup() -> None:
+        server.stop()
+        eos_server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+    atexit.register(cleanup)
+
+
 def shared_generation_server() -> tuple[ServerProcess, Path]:
-    """The session's server and its model folder (started on first use, stopped at exit)."""
+    """The session's server and its model folder, which has no EOS (started on first use, stopped at exit)."""
     if "server" not in _SHARED:
-        root = Path(tempfile.mkdtemp(prefix="asyncrl-gen-test-"))
-        model_dir = build_tiny_random_model(root / "model", seed=0, max_position_embeddings=MAX_MODEL_LEN)
-        server = start_server(model_dir, root / "server0")
-        _SHARED.update(server=server, model_dir=model_dir, root=root)
-
-        def cleanup() -> None:
-            server.stop()
-            shutil.rmtree(root, ignore_errors=True)
-
-        atexit.register(cleanup)
+        _start_shared()
     return _SHARED["server"], _SHARED["model_dir"]  # type: ignore[return-value]
+
+
+def shared_eos_server() -> tuple[ServerProcess, Path]:
+    """The session's second server: same weights, `EOS_TOKEN` as the EOS of its generation config."""
+    if "eos_server" not in _SHARED:
+        _start_shared()
+    return _SHARED["eos_server"], _SHARED["eos_model_dir"]  # type: ignore[return-value]

@@ -1,11 +1,10 @@
 """Weight sync end to end: this test process is the trainer (rank 0, HF model), two real vLLM generation
-servers are ranks 1 and 2 of a gloo group (world size 3)."""
+servers are ranks 1 and 2 of a gloo group (world size 3). The second server is the session's EOS server
+(same weights, an EOS in its generation config), so its requests pass `ignore_eos` to run to max_tokens."""
 
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +17,12 @@ import torch
 
 from asyncrl.transport.weight_buckets import checksums_match, weights_checksum
 from asyncrl.transport.weight_sync import WeightSender, WeightSyncError
-from tests.helpers.generation_server import ServerProcess, shared_generation_server, start_server
+from tests.helpers.generation_server import (
+    MAX_MODEL_LEN,
+    ServerProcess,
+    shared_eos_server,
+    shared_generation_server,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -28,15 +32,10 @@ PROMPT = [3, 4, 5]
 @pytest.fixture(scope="module")
 def servers() -> Iterator[tuple[list[ServerProcess], Path]]:
     first, model_dir = shared_generation_server()
-    work = Path(tempfile.mkdtemp(prefix="asyncrl-gen-test-2-"))
-    second = start_server(model_dir, work)
-    try:
-        for s in (first, second):  # the first request after start is slow (lazy kernel set-up)
-            httpx.post(f"{s.url}/generate", json={"request_id": "warm", "prompt_token_ids": [1], "max_tokens": 1}, timeout=300)
-        yield [first, second], model_dir
-    finally:
-        second.stop()
-        shutil.rmtree(work, ignore_errors=True)
+    second, _ = shared_eos_server()
+    for s in (first, second):  # the first request after start is slow (lazy kernel set-up)
+        httpx.post(f"{s.url}/generate", json={"request_id": "warm", "prompt_token_ids": [1], "max_tokens": 1}, timeout=300)
+    yield [first, second], model_dir
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +70,9 @@ def _hf_logprobs(model: torch.nn.Module, prompt: list[int], tokens: list[int]) -
     return [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(tokens)]
 
 
-def _generate(url: str, request_id: str, max_tokens: int, seed: int) -> dict[str, Any]:
-    body = {"request_id": request_id, "prompt_token_ids": PROMPT, "max_tokens": max_tokens, "temperature": 1.0, "seed": seed}
+def _generate(url: str, request_id: str, max_tokens: int, seed: int, **extra: Any) -> dict[str, Any]:
+    body = {"request_id": request_id, "prompt_token_ids": PROMPT, "max_tokens": max_tokens, "temperature": 1.0,
+            "seed": seed, **extra}
     r = httpx.post(f"{url}/generate", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return dict(r.json())
@@ -83,6 +83,7 @@ def test_push_reaches_both_servers_exactly(
 ) -> None:
     urls = [s.url for s in servers[0]]
     base = httpx.get(f"{urls[0]}/health").json()["version"]
+    updates_before = [httpx.get(f"{url}/health").json()["updates"] for url in urls]
     named = _perturb(trainer_model, seed=1)
     t0 = time.monotonic()
     replies = sender.push(base + 1, named)
@@ -92,8 +93,9 @@ def test_push_reaches_both_servers_exactly(
     # vLLM's CPU linear layers keep only a pre-packed copy, so the model-side checksum covers the other
     # parameters: embeddings (tied lm_head once), norms and the q/k/v biases (fused into qkv_proj.bias).
     kept = [(n, t) for n, t in named if not re.search(r"_proj\.weight$", n)]
-    for url in urls:
-        assert httpx.get(f"{url}/health").json()["version"] == base + 1
+    for url, before in zip(urls, updates_before, strict=True):
+        h = httpx.get(f"{url}/health").json()
+        assert h["version"] == base + 1 and h["updates"] == before + 1
         ck = httpx.get(f"{url}/weights/checksum").json()
         assert ck["version"] == base + 1 and ck["source"] == "received"
         assert ck["checksum"] == expected  # bit-exact: every tensor arrived intact in the worker
@@ -101,56 +103,98 @@ def test_push_reaches_both_servers_exactly(
         assert checksums_match(worker["model"], weights_checksum(kept))
         assert len(worker["emptied"]) == 8  # qkv, o, gate_up, down in each of 2 layers
     for i, url in enumerate(urls):  # new tokens come from the new weights: vLLM's log-probs equal HF's
-        out = _generate(url, f"after-push-{i}", max_tokens=40, seed=100 + i)
+        out = _generate(url, f"after-push-{i}", max_tokens=40, seed=100 + i, ignore_eos=True)
         assert out["token_versions"] == [base + 1] * 40 and out["start_version"] == base + 1
         hf = _hf_logprobs(trainer_model, PROMPT, out["token_ids"])
         assert max(abs(a - b) for a, b in zip(hf, out["logprobs"], strict=True)) < 1e-4
+
+
+def _health(url: str) -> dict[str, Any]:
+    return dict(httpx.get(f"{url}/health", timeout=30).json())
+
+
+def _wait_for(url: str, what: str, ok: Any, worker: threading.Thread, timeout_s: float = 60.0
+              ) -> dict[str, Any] | None:
+    """Poll /health until `ok(health)`; None if the request ended first (a health call stalled past it: on 2
+    shared cores an HTTP call can stall for seconds); fail at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        h = _health(url)
+        if ok(h):
+            return h
+        if not worker.is_alive():
+            return None
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s: {h}"
+        time.sleep(0.02)
+
+
+def _span_one_update(url: str, trainer_model: torch.nn.Module, sender: WeightSender, attempt: int
+                     ) -> tuple[dict[str, Any], int] | None:
+    """One long request with a push landing mid-way; (the aborted request's answer, old version), or None when
+    the push could not be placed mid-request (on 2 shared cores an HTTP call can stall for seconds)."""
+    n_max = MAX_MODEL_LEN // 2  # ~15 s of decoding; never a sequence up to max_model_len on the shared engine
+    v = _health(url)["version"]
+    result: dict[str, Any] = {}
+    rid = f"spanning-{attempt}"
+    worker = threading.Thread(target=lambda: result.update(
+        _generate(url, rid, max_tokens=n_max, seed=7, min_tokens=n_max, ignore_eos=True)))
+    worker.start()
+    try:
+        h = _wait_for(url, "20 tokens", lambda h: h["running"] == 1 and 0 < h["load"] <= n_max - 20, worker)
+        if h is None or h["load"] < n_max // 2:
+            return None
+        sender.push(v + 1, _perturb(trainer_model, seed=2 + attempt))
+        h = _health(url)
+        if not (h["version"] == v + 1 and h["running"] == 1 and h["load"] >= 64):
+            return None
+        if _wait_for(url, "20 new tokens", lambda g: g["load"] <= h["load"] - 20, worker) is None:
+            return None
+        if httpx.post(f"{url}/abort", json={"request_id": rid}).json()["aborted"] is not True:
+            return None
+    finally:
+        if worker.is_alive():
+            httpx.post(f"{url}/abort", json={"request_id": rid})
+        worker.join(timeout=120)
+    assert not worker.is_alive()
+    return result, v
 
 
 def test_request_spanning_an_update_continues_under_new_weights(
     servers: tuple[list[ServerProcess], Path], trainer_model: torch.nn.Module, sender: WeightSender
 ) -> None:
     url = servers[0][0].url
-    old_model_state = {k: t.clone() for k, t in trainer_model.state_dict().items()}
-    old_named = [(n, p.detach().clone()) for n, p in trainer_model.named_parameters()]
-    # Decoding is fast (~1-4 ms per token): retry until the update lands while the request is decoding.
+    original = [(n, p.detach().clone()) for n, p in trainer_model.named_parameters()]
+    # A request that nothing but an abort can end (min_tokens = max_tokens, ignore_eos); the update lands while it
+    # decodes, then it is aborted. Up to five attempts: a push that missed the request is retried, never skipped.
     for attempt in range(5):
-        v = httpx.get(f"{url}/health").json()["version"]
-        result: dict[str, Any] = {}
-        worker = threading.Thread(
-            target=lambda res=result, rid=f"spanning-{attempt}": res.update(_generate(url, rid, max_tokens=2000, seed=7))
-        )
-        worker.start()
-        deadline = time.monotonic() + 60
-        while worker.is_alive():
-            h = httpx.get(f"{url}/health").json()
-            if h["running"] == 1 and 0 < h["load"] <= 1980:  # at least 20 tokens under the old weights
-                break
-            assert time.monotonic() < deadline
-        trainer_model.load_state_dict(old_model_state)
-        new_named = _perturb(trainer_model, seed=2)
-        if worker.is_alive():
-            sender.push(v + 1, new_named)
-        worker.join(timeout=120)
-        if v + 1 in result["token_versions"]:
+        old_model_state = {k: t.clone() for k, t in trainer_model.state_dict().items()}
+        got = _span_one_update(url, trainer_model, sender, attempt)
+        if got is not None:
             break
-        if httpx.get(f"{url}/health").json()["version"] == v + 1:  # pushed too late: restore the old weights
-            sender.push(v + 2, old_named)
     else:
-        # On a 2-core machine the server's event loop can be starved while the engine decodes, so the
-        # update may only land after the request finished. Not a failure of the code under test.
-        pytest.skip("no update landed while the request was decoding in 5 attempts (CPU starvation)")
-    versions = result["token_versions"]
-    assert result["start_version"] == v and result["finish_reason"] == "length"
+        raise AssertionError("five attempts in a row could not land an update mid-request")
+    result, v = got
+    versions, tokens, lps = result["token_versions"], result["token_ids"], result["logprobs"]
+    n = len(tokens)
+    assert result["start_version"] == v and result["finish_reason"] == "abort"
+    assert len(lps) == len(versions) == n < MAX_MODEL_LEN // 2
+    assert v in versions and v + 1 in versions and set(versions) == {v, v + 1}
+    assert versions == sorted(versions)  # non-decreasing
     switch = versions.index(v + 1)
-    assert 20 <= switch < 2000 and versions == [v] * switch + [v + 1] * (2000 - switch)
-    tokens, lps = result["token_ids"], result["logprobs"]
-    new_hf = _hf_logprobs(trainer_model, PROMPT, tokens)
-    assert max(abs(a - b) for a, b in zip(new_hf[switch:], lps[switch:], strict=True)) < 1e-3
+    assert switch >= 20 and n - switch >= 20
+    # Tokens after the switch come from the new weights: vLLM's log-probs equal the new model's, not the old's.
+    window = tokens[: switch + 64]
+    new_hf = _hf_logprobs(trainer_model, PROMPT, window)
     trainer_model.load_state_dict(old_model_state)
-    old_hf = _hf_logprobs(trainer_model, PROMPT, tokens[:switch])
-    assert max(abs(a - b) for a, b in zip(old_hf, lps[:switch], strict=True)) < 1e-3
-    sender.push(v + 2, old_named)  # leave both servers on the trainer's current weights
+    old_hf = _hf_logprobs(trainer_model, PROMPT, window)
+    post = range(switch, len(window))
+    assert max(abs(new_hf[i] - lps[i]) for i in post) < 1e-3
+    assert max(abs(old_hf[i] - lps[i]) for i in post) > 1e-2
+    assert max(abs(a - b) for a, b in zip(old_hf[:switch], lps[:switch], strict=True)) < 1e-3
+    with torch.no_grad():  # leave the trainer model and both servers on the original weights
+        for (_, p), (_, o) in zip(trainer_model.named_parameters(), original, strict=True):
+            p.copy_(o)
+    sender.push(_health(url)["version"] + 1, original)
 
 
 def test_stale_version_fails_fast_and_reconnect_recovers(
@@ -169,5 +213,7 @@ def test_stale_version_fails_fast_and_reconnect_recovers(
     sender.connect()
     sender.push(v + 1, named)
     for s in servers[0]:
-        assert httpx.get(f"{s.url}/health").json() == {"status": "ok", "version": v + 1, "running": 0, "waiting": 0, "load": 0}
+        h = httpx.get(f"{s.url}/health").json()
+        assert {k: h[k] for k in ("status", "version", "running", "waiting", "load")} == {
+            "status": "ok", "version": v + 1, "running": 0, "waiting": 0, "load": 0}
         assert httpx.get(f"{s.url}/weights/checksum").json()["checksum"] == weights_checksum(named)
