@@ -4,7 +4,10 @@ Invariants (checked by `Sample.validate`):
 - `token_ids`, `logprobs` and `token_versions` have the same length (one entry per response token);
 - `token_versions` is non-decreasing and every entry is >= `start_version` (a sample that spanned a
   weight update has tokens from several versions: partial rollout);
-- token ids and log-probs travel as numbers, never text, so trainer and engine cannot disagree.
+- token ids and log-probs travel as numbers, never text, so trainer and engine cannot disagree;
+- `loss_mask`, when given, has one 0/1 entry per response token: 1 on tokens the policy generated and is trained
+  on, 0 on tokens that are not trained on (environment observations, or decode padding past the first EOS of a
+  length-shaped benchmark workload). None means every response token is trained on.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ class Sample:
     start_version: int
     reward: float = 0.0
     finish_reason: str = "stop"
+    loss_mask: list[int] | None = None
+
+    def mask(self) -> list[int]:
+        """The loss mask with None expanded to all ones."""
+        return [1] * len(self.token_ids) if self.loss_mask is None else self.loss_mask
 
     def validate(self) -> None:
         n = len(self.token_ids)
@@ -32,6 +40,11 @@ class Sample:
             raise ValueError(
                 f"sample {self.group_id}/{self.sample_index}: token_ids, logprobs and token_versions must have one entry "
                 f"per response token, got {n}, {len(self.logprobs)}, {len(self.token_versions)}"
+            )
+        if self.loss_mask is not None and (len(self.loss_mask) != n or any(m not in (0, 1) for m in self.loss_mask)):
+            raise ValueError(
+                f"sample {self.group_id}/{self.sample_index}: loss_mask must hold one 0/1 entry per response token "
+                f"({n}), got {len(self.loss_mask)} entries"
             )
         if not self.prompt_token_ids:
             raise ValueError(f"sample {self.group_id}/{self.sample_index}: empty prompt_token_ids")

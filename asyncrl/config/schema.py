@@ -65,9 +65,25 @@ class TaskConfig(_Section):
         return 1 + 2 * len(str(self.max_operand)) + 2
 
 
-class RolloutConfig(_Section):
-    """What the environment role admits and how it samples (ALGORITHMS.md §1)."""
+class LengthTailConfig(_Section):
+    """Benchmark workload shaping: long-tailed decode lengths on a task whose answers are short.
 
+    Each request decodes exactly L tokens (vLLM `ignore_eos`), L drawn from a lognormal with this median and sigma,
+    clipped to [1, rollout.max_new_tokens]. The response is scored up to its first EOS and the tokens after it carry
+    loss mask 0: generation and training pay for L tokens (like long reasoning), the policy learns from the answer.
+    """
+
+    median_tokens: int = Field(16, ge=1, description="Median decode length.")
+    sigma: float = Field(1.0, ge=0, le=4, description="Lognormal sigma of the decode length (0: every request decodes the median).")
+
+
+class RolloutConfig(_Section):
+    """What the environment role admits and how it samples and schedules (ALGORITHMS.md §1)."""
+
+    mode: Literal["async", "sync"] = Field(
+        "async", description="sync: the synchronous baseline (generate a full batch with the current weights, train, "
+        "sync, repeat; sets async_ratio to 0)."
+    )
     async_ratio: int = Field(1, ge=0, le=64, description="α: a sample started under version s trains at step k only if s >= k - α.")
     prompts_per_step: int = Field(8, ge=1, description="B: prompts (groups) per training step.")
     samples_per_prompt: int = Field(8, ge=1, le=1024, description="n: samples of each prompt (the group size).")
@@ -76,6 +92,32 @@ class RolloutConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1.0)
     num_writers: int = Field(1, ge=1, le=64, description="Environment role instances, each writing its own group stream.")
     request_timeout_s: float = Field(120.0, gt=0)
+    routing: Literal["least_tokens", "least_requests", "round_robin"] = Field(
+        "least_tokens", description="Queue scheduling: each request goes to the server with the least outstanding "
+        "tokens (or requests), or round robin."
+    )
+    replicate_prompts: bool = Field(True, description="Route each of a prompt's samples on its own (false: a group's "
+                                    "samples all go to one server).")
+    extra_samples_per_prompt: int = Field(0, ge=0, le=1024, description="Redundant samples per group: the first "
+                                          "samples_per_prompt to finish are kept, the rest aborted.")
+    extra_groups: int = Field(0, ge=0, le=4096, description="Redundant groups in flight beyond what the steps need; "
+                              "the slowest are aborted once their steps are full.")
+    dynamic_filter: bool = Field(False, description="Drop (and replace) groups whose rewards are all equal.")
+    partial_rollout: Literal["continue", "resubmit"] = Field(
+        "continue", description="On a weight update, running requests continue under the new weights (continue), or "
+        "are aborted and re-sent with their partial tokens appended (resubmit)."
+    )
+    length_tail: LengthTailConfig | None = Field(None, description="Benchmark workload: long-tailed decode lengths.")
+    stats_interval_s: float = Field(5.0, gt=0, description="How often the environment role logs its rollout metrics.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sync_means_alpha_zero(cls, data: object) -> object:
+        """mode sync trains on-policy: it sets async_ratio to 0 whatever the file says (so `--set rollout.mode=sync`
+        on any config gives the baseline of that config)."""
+        if isinstance(data, dict) and data.get("mode") == "sync":
+            data = {**data, "async_ratio": 0}
+        return data
 
 
 class GenerationConfig(_Section):
@@ -189,6 +231,11 @@ class RunConfig(_Section):
             raise ValueError(
                 f"generation.max_model_len: expected >= longest prompt ({prompt_tokens} tokens) + rollout.max_new_tokens "
                 f"({ro.max_new_tokens}), got {self.generation.max_model_len}"
+            )
+        if ro.length_tail is not None and ro.length_tail.median_tokens > ro.max_new_tokens:
+            raise ValueError(
+                f"rollout.length_tail.median_tokens: expected <= rollout.max_new_tokens ({ro.max_new_tokens}), "
+                f"got {ro.length_tail.median_tokens}"
             )
         if ro.prompts_per_step % ro.num_writers:
             raise ValueError(

@@ -236,6 +236,8 @@ class EmbeddedRun:
             "train_wall_s": train_wall,
             "train_loop_s": loop_s,
             "samples_per_s": trained / loop_s if loop_s > 0 else 0.0,
+            "steady_samples_per_s": counters.get("steady_samples", 0) / max(1e-9, counters.get("steady_wall_s", 0.0)),
+            "steady_step_s": counters.get("steady_wall_s", 0.0) / max(1, counters.get("steady_steps", 0)),
             "weights_in_sync": in_sync,
             "server_checksums": checksums,
             "num_generation_servers": cfg.generation.num_servers,

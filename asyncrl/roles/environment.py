@@ -1,11 +1,13 @@
 """The environment role: drives the rollout scheduler with real generation and reward servers.
 
-For single-turn verifiable tasks: takes prompts from the train split, admits them under the async ratio
-(`RolloutScheduler`), sends each of a prompt's n samples as its own request to the least-loaded generation
-server, scores each finished sample at once through the reward role, and writes each finished group to S3 as one
-Parquet object (`groups/<writer>/<seq>.parquet`). It follows the trainer through `versions/latest.json`
-(version and how many of this writer's groups it consumed) and aborts requests that became too stale.
-Stops when the run's `done` marker appears.
+For single-turn verifiable tasks: takes prompts from the train split and offers them to the `RolloutScheduler`
+(admission under α, replication, queue routing, redundancy, dynamic filtering, staleness; see its docstring), turns
+its decisions into requests and aborts on the generation servers, scores each finished sample at once through the
+reward role, and writes each kept group to S3 as one Parquet object (`groups/<writer>/<seq>.parquet`). It follows
+the trainer through `versions/latest.json` (version, and how many of this writer's groups it trained and read).
+With `partial_rollout: resubmit` a request aborted for a weight update is re-sent with its partial tokens appended.
+Every `stats_interval_s` it writes its rollout metrics (aborts, drops, in-flight, per-server busy fraction and
+tokens/s) to `stats/<writer>.json` for the trainer to log. Stops when the run's `done` marker appears.
 
 Run: `python -m asyncrl.roles.environment --run-url s3://bucket/prefix/run_id --id env0`.
 """
@@ -18,6 +20,7 @@ import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -25,8 +28,17 @@ from asyncrl.config import RunConfig
 from asyncrl.models.tiny import resolve_model_path
 from asyncrl.models.tokenizer import decode_response, encode_prompt, load_tokenizer
 from asyncrl.roles.context import RoleContext, base_url, instance_index, role_arg_parser, setup_logging
-from asyncrl.rollout.clients import GenerationClient, RemoteError, RewardClient
-from asyncrl.rollout.scheduler import Abort, Decision, EmitGroup, RolloutScheduler, Start
+from asyncrl.rollout.clients import Generated, GenerationClient, RemoteError, RewardClient
+from asyncrl.rollout.scheduler import (
+    Abort,
+    Decision,
+    DropGroup,
+    EmitGroup,
+    RolloutScheduler,
+    SchedulerConfig,
+    Start,
+)
+from asyncrl.rollout.workload import decode_budget, loss_mask_to_first_eos, server_rates
 from asyncrl.tasks.arithmetic import Problem, load_split
 from asyncrl.transport.groups import GroupWriter
 from asyncrl.types import Group, Sample
@@ -50,10 +62,43 @@ def sample_seed(base: int, group_seq: int, sample_index: int, n: int) -> int:
 
 
 @dataclass
+class _Trajectory:
+    """What one sample's requests produced so far (a resubmitted sample has several requests)."""
+
+    budget: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    start_version: int | None = None
+    finish_reason: str = "abort"
+
+    def extend(self, out: Generated) -> None:
+        if self.start_version is None:
+            self.start_version = out.start_version
+        self.token_ids += out.token_ids
+        self.logprobs += out.logprobs
+        self.versions += out.token_versions
+        self.finish_reason = out.finish_reason
+
+
+@dataclass
 class _Pending:
     problem: Problem
     prompt_ids: list[int]
+    seq: int
+    trajectories: dict[int, _Trajectory] = field(default_factory=dict)
     samples: dict[int, Sample] = field(default_factory=dict)
+
+
+def scheduler_config(cfg: RunConfig, num_servers: int, writer: str) -> SchedulerConfig:
+    ro = cfg.rollout
+    return SchedulerConfig(
+        async_ratio=ro.async_ratio, prompts_per_step=ro.prompts_per_step // ro.num_writers,
+        group_size=ro.samples_per_prompt, num_servers=num_servers, extra_samples=ro.extra_samples_per_prompt,
+        extra_groups=ro.extra_groups, routing=ro.routing, replicate=ro.replicate_prompts,
+        dynamic_filter=ro.dynamic_filter, partial_rollout=ro.partial_rollout, max_new_tokens=ro.max_new_tokens,
+        writer=writer,
+    )
 
 
 class EnvironmentRunner:
@@ -62,11 +107,7 @@ class EnvironmentRunner:
     def __init__(self, ctx: RoleContext, gens: list[GenerationClient], reward: RewardClient) -> None:
         cfg: RunConfig = ctx.cfg
         self.ctx, self.cfg, self.gens, self.reward = ctx, cfg, gens, reward
-        ro = cfg.rollout
-        self.sched = RolloutScheduler(
-            async_ratio=ro.async_ratio, prompts_per_step=ro.prompts_per_step // ro.num_writers,
-            samples_per_prompt=ro.samples_per_prompt, num_servers=len(gens), writer=ctx.role_id,
-        )
+        self.sched = RolloutScheduler(scheduler_config(cfg, len(gens), ctx.role_id))
         self.problems = load_split(cfg.task, "train")
         self.tokenizer = load_tokenizer(resolve_model_path(cfg))
         self.eos_id = int(self.tokenizer.eos_token_id)
@@ -77,89 +118,160 @@ class EnvironmentRunner:
         self.written = 0
         self.rewards_sum = 0.0
         self.samples_done = 0
+        self.failures: dict[str, int] = {}
+        self._health: list[dict[str, Any]] | None = None
 
     # ---- decisions -----------------------------------------------------------------------------------
     async def apply(self, decisions: list[Decision]) -> None:
         for d in decisions:
             if isinstance(d, Start):
-                task = asyncio.create_task(self.run_sample(d))
+                task = asyncio.create_task(self.run_request(d))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
             elif isinstance(d, Abort):
-                self.pending.pop(d.group_id, None)
+                if not d.resubmit:
+                    log.debug("abort %s: %s", d.request_id, d.reason)
                 try:
-                    await self.gens[d.server].abort(f"{d.group_id}-{d.sample_index}")
+                    await self.gens[d.server].abort(d.request_id)
                 except RemoteError as err:
-                    log.warning("abort %s-%s failed: %s", d.group_id, d.sample_index, err)
+                    log.warning("abort %s failed: %s", d.request_id, err)
+            elif isinstance(d, DropGroup):
+                self.pending.pop(d.group_id, None)
             elif isinstance(d, EmitGroup):
                 await self.emit(d)
 
     def admit(self) -> list[Decision]:
         decisions: list[Decision] = []
         while self.sched.can_admit():
-            index = next(self.prompts)
-            problem = self.problems[index]
+            problem = self.problems[next(self.prompts)]
+            prompt_ids = encode_prompt(self.tokenizer, problem.prompt)
             seq = self.sched.stats.admitted
-            out = self.sched.admit(problem.index)
+            out = self.sched.offer_prompt(problem.index, len(prompt_ids))
             gid = out[0].group_id  # type: ignore[union-attr]
-            self.pending[gid] = _Pending(problem, encode_prompt(self.tokenizer, problem.prompt))
-            log.debug("admitted %s (seq %d, version %d)", gid, seq, self.sched.version)
+            self.pending[gid] = _Pending(problem, prompt_ids, seq)
+            log.debug("admitted %s (version %d)", gid, self.sched.version)
             decisions += out
         return decisions
 
-    async def run_sample(self, d: Start) -> None:
+    def _budget(self, seq: int, sample_index: int) -> int:
+        ro = self.cfg.rollout
+        if ro.length_tail is None:
+            return ro.max_new_tokens
+        seed = sample_seed(self.cfg.generation.seed + 17, seq, sample_index, ro.samples_per_prompt)
+        return decode_budget(seed, ro.length_tail.median_tokens, ro.length_tail.sigma, ro.max_new_tokens)
+
+    async def run_request(self, d: Start) -> None:
+        """One request of one sample: generate, then (when the sample is complete) score it."""
         pending = self.pending.get(d.group_id)
         if pending is None:
             return
         ro = self.cfg.rollout
-        seq = int(d.group_id.rsplit("-", 1)[-1])
+        traj = pending.trajectories.setdefault(d.sample_index, _Trajectory(self._budget(pending.seq, d.sample_index)))
+        remaining = traj.budget - len(traj.token_ids)
+        ended = ro.length_tail is None and self.eos_id in traj.token_ids
         try:
-            out = await self.gens[d.server].generate(
-                f"{d.group_id}-{d.sample_index}", pending.prompt_ids, max_tokens=ro.max_new_tokens,
-                temperature=ro.temperature, top_p=ro.top_p,
-                seed=sample_seed(self.cfg.generation.seed, seq, d.sample_index, ro.samples_per_prompt),
-                stop_token_ids=[self.eos_id], timeout_s=ro.request_timeout_s,
-            )
-            if out.finish_reason == "abort":
-                await self.apply(self.sched.sample_failed(d.group_id, d.sample_index))
-                return
-            text = decode_response(self.tokenizer, out.token_ids)
-            reward, _ = await self.reward.score(self.cfg.task.name, pending.problem.prompt, text,
-                                                {"answer": pending.problem.answer})
+            if remaining > 0 and not ended:
+                out = await self.gens[d.server].generate(
+                    d.request_id, pending.prompt_ids + traj.token_ids, max_tokens=remaining,
+                    temperature=ro.temperature, top_p=ro.top_p,
+                    seed=sample_seed(self.cfg.generation.seed + 1009 * d.turn, pending.seq, d.sample_index,
+                                     ro.samples_per_prompt),
+                    stop_token_ids=[] if ro.length_tail else [self.eos_id], ignore_eos=ro.length_tail is not None,
+                    timeout_s=ro.request_timeout_s,
+                )
+            else:  # a resubmit raced the end of the request: nothing left to decode
+                out = Generated([], [], [], traj.finish_reason if ended else "length", traj.start_version or 0)
         except RemoteError as err:
-            log.warning("sample %s-%d failed: %s", d.group_id, d.sample_index, err)
+            self._count_failure("generate", d, err)
             await self.apply(self.sched.sample_failed(d.group_id, d.sample_index))
             return
-        pending.samples[d.sample_index] = Sample(
-            group_id=d.group_id, sample_index=d.sample_index, prompt_token_ids=pending.prompt_ids,
-            token_ids=out.token_ids, logprobs=out.logprobs, token_versions=out.token_versions,
-            start_version=out.start_version,
-            reward=reward, finish_reason=out.finish_reason,
-        )
+        traj.extend(out)
+        aborted = out.finish_reason == "abort"
+        await self.apply(self.sched.request_finished(d.group_id, d.sample_index, len(out.token_ids), aborted))
+        if not aborted and d.group_id in self.pending:
+            await self.score(d, pending, traj)
+
+    async def score(self, d: Start, pending: _Pending, traj: _Trajectory) -> None:
+        text = decode_response(self.tokenizer, traj.token_ids)
+        try:
+            reward, _ = await self.reward.score(self.cfg.task.name, pending.problem.prompt, text,
+                                                {"answer": pending.problem.answer})
+            sample = Sample(
+                group_id=d.group_id, sample_index=d.sample_index, prompt_token_ids=pending.prompt_ids,
+                token_ids=traj.token_ids, logprobs=traj.logprobs, token_versions=traj.versions,
+                start_version=traj.start_version if traj.start_version is not None else d.start_version,
+                reward=reward, finish_reason=traj.finish_reason,
+                loss_mask=loss_mask_to_first_eos(traj.token_ids, self.eos_id) if self.cfg.rollout.length_tail else None,
+            )
+            sample.validate()
+        except (RemoteError, ValueError) as err:
+            self._count_failure("score", d, err)
+            await self.apply(self.sched.sample_failed(d.group_id, d.sample_index))
+            return
+        pending.samples[d.sample_index] = sample
         self.samples_done += 1
         self.rewards_sum += reward
-        await self.apply(self.sched.sample_finished(d.group_id, d.sample_index))
+        await self.apply(self.sched.sample_scored(d.group_id, d.sample_index, reward))
+
+    def _count_failure(self, where: str, d: Start, err: Exception) -> None:
+        self.failures[where] = self.failures.get(where, 0) + 1
+        log.warning("sample %s %s failed: %s", d.request_id, where, err)
 
     async def emit(self, d: EmitGroup) -> None:
         pending = self.pending.pop(d.group_id)
         group = Group(d.group_id, pending.problem.index, self.cfg.task.name,
-                      [pending.samples[i] for i in sorted(pending.samples)])
+                      [pending.samples[i] for i in d.sample_indices])
         key = await asyncio.to_thread(self.writer.write, group)
         self.written += 1
         log.debug("wrote %s (%d samples, start_version %d)", key, len(group.samples), group.start_version)
+
+    # ---- metrics -------------------------------------------------------------------------------------
+    async def publish_stats(self) -> dict[str, float]:
+        """Write this writer's rollout metrics to S3 (`stats/<writer>.json`); the trainer logs them to MLflow."""
+        health: list[dict[str, Any]] = []
+        for g in self.gens:
+            try:
+                health.append(await g.health())
+            except RemoteError:
+                health.append({})
+        s, counts = self.sched.stats, self.sched.counts()
+        metrics: dict[str, float] = {
+            "rollout/admitted_groups": s.admitted, "rollout/written_groups": self.written,
+            "rollout/aborted_stale_groups": s.aborted_stale_groups,
+            "rollout/aborted_failed_groups": s.aborted_failed_groups,
+            "rollout/aborted_redundant_groups": s.aborted_surpassed_groups,
+            "rollout/filtered_groups": s.filtered_groups, "rollout/aborted_samples": s.samples_aborted,
+            "rollout/dropped_samples": s.samples_dropped, "rollout/failed_samples": s.samples_failed,
+            "rollout/resubmits": s.resubmits, "rollout/requests_in_flight": counts["running_requests"],
+            "rollout/live_groups": counts["live_groups"], "rollout/version": self.sched.version,
+        }
+        if self._health is not None:
+            for i, rates in enumerate(server_rates(self._health, health)):
+                for k, v in rates.items():
+                    metrics[f"rollout/server{i}/{k}"] = v
+        for i, n in enumerate(self.sched.server_requests):
+            metrics[f"rollout/server{i}/requests_in_flight"] = n
+        self._health = health
+        doc = {"writer": self.ctx.role_id, "time": time.time(), "metrics": metrics}
+        await asyncio.to_thread(self.ctx.store.put_json, self.ctx.paths.rollout_stats(self.ctx.role_id), doc)
+        return metrics
 
     # ---- main loop -----------------------------------------------------------------------------------
     async def follow_trainer(self) -> None:
         latest = await asyncio.to_thread(self.ctx.store.get_json, self.ctx.paths.versions_latest())
         if not latest:
             return
+        me = self.ctx.role_id
         version = int(latest.get("version", 0))
-        consumed = int(latest.get("consumed", {}).get(self.ctx.role_id, 0))
-        if version != self.sched.version or consumed != self.sched.consumed:
-            await self.apply(self.sched.version_advanced(version, consumed))
+        consumed = int(latest.get("consumed", {}).get(me, 0))
+        trained = int(latest.get("trained", {}).get(me, 0))
+        if (version, trained, consumed) != (self.sched.version, self.sched.trained, self.sched.consumed):
+            await self.apply(self.sched.version_advanced(version, trained, consumed))
 
     async def run(self) -> None:
-        last_log = time.monotonic()
+        interval = self.cfg.rollout.stats_interval_s
+        last_stats = time.monotonic()
+        await self.publish_stats()
         while True:
             if await asyncio.to_thread(self.ctx.is_done):
                 break
@@ -169,11 +281,12 @@ class EnvironmentRunner:
                 await asyncio.wait(self.tasks, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
             else:
                 await asyncio.sleep(POLL_S)
-            if time.monotonic() - last_log > 10:
-                last_log = time.monotonic()
-                s = self.sched.stats
+            if time.monotonic() - last_stats > interval:
+                last_stats = time.monotonic()
+                m = await self.publish_stats()
                 log.info("version %d admitted %d written %d aborted %d in-flight %d mean reward %.3f",
-                         self.sched.version, s.admitted, self.written, s.aborted_groups, self.sched.running_groups,
+                         self.sched.version, m["rollout/admitted_groups"], self.written,
+                         self.sched.stats.aborted_groups, m["rollout/requests_in_flight"],
                          self.rewards_sum / max(1, self.samples_done))
         await self.shutdown()
 

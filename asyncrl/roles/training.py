@@ -27,7 +27,7 @@ from asyncrl.roles.context import RoleContext, base_url, role_arg_parser, setup_
 from asyncrl.tracking.mlflow_tracker import Tracker
 from asyncrl.training.batch import build_batch
 from asyncrl.training.policy import PolicyTrainer
-from asyncrl.training.staleness import split_stale, staleness_stats
+from asyncrl.training.staleness import split_stale, staleness_histogram, staleness_stats
 from asyncrl.transport.checkpoints import (
     flatten_optimizer_state,
     latest_committed_version,
@@ -54,6 +54,12 @@ class Counters:
         self.staleness_sum = float(d.get("staleness_sum", 0.0))
         self.staleness_max = int(d.get("staleness_max", 0))
         self.train_wall_s = float(d.get("train_wall_s", 0.0))
+        # steady state: every step but the first of a (re)start, whose wait includes filling the rollout pipeline
+        self.steady_steps = int(d.get("steady_steps", 0))
+        self.steady_samples = int(d.get("steady_samples", 0))
+        self.steady_wall_s = float(d.get("steady_wall_s", 0.0))
+        # per writer: groups trained in completed steps (the rollout scheduler's admission slots, see scheduler.py)
+        self.trained_by_writer: dict[str, int] = {str(k): int(v) for k, v in d.get("trained_by_writer", {}).items()}
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -72,6 +78,7 @@ class TrainingRunner:
         self.counters = Counters()
         self.sender: WeightSender | None = None
         self.checksum: dict[str, float] = {}
+        self.first_step = 0
 
     # ---- start ---------------------------------------------------------------------------------------
     def resume(self) -> None:
@@ -98,10 +105,12 @@ class TrainingRunner:
         self.publish({})
 
     # ---- one step ------------------------------------------------------------------------------------
-    def collect(self, step: int) -> tuple[list[Group], list[Group]]:
+    def collect(self, step: int) -> tuple[list[Group], list[Group], dict[str, int]]:
+        """Read groups until B fresh ones are in hand: (kept, dropped as stale, kept per writer)."""
         need = self.cfg.rollout.prompts_per_step
         kept: list[Group] = []
         dropped: list[Group] = []
+        by_writer: dict[str, int] = {}
         deadline = time.monotonic() + self.cfg.timeouts.batch_wait_s
         while len(kept) < need:
             got = self.reader.poll(max_groups=need - len(kept))
@@ -112,10 +121,14 @@ class TrainingRunner:
                     )
                 time.sleep(0.05)
                 continue
-            fresh, stale = split_stale([g for _, _, g in got], step, self.cfg.rollout.async_ratio)
-            kept += fresh
-            dropped += stale
-        return kept, dropped
+            alpha = self.cfg.rollout.async_ratio
+            for writer, _, group in got:
+                fresh, stale = split_stale([group], step, alpha)
+                kept += fresh
+                dropped += stale
+                if fresh:
+                    by_writer[writer] = by_writer.get(writer, 0) + 1
+        return kept, dropped, by_writer
 
     def sync_weights(self) -> dict[str, float]:
         assert self.sender is not None
@@ -126,7 +139,7 @@ class TrainingRunner:
 
     def step(self, step: int) -> dict[str, float]:
         t0 = time.monotonic()
-        kept, dropped = self.collect(step)
+        kept, dropped, by_writer = self.collect(step)
         t1 = time.monotonic()
         batch = build_batch(kept, norm_std=self.cfg.training.norm_std, pad_id=self.pad_id)
         train_metrics = self.policy.train_step(batch, temperature=self.cfg.rollout.temperature)
@@ -145,6 +158,12 @@ class TrainingRunner:
         c.staleness_sum += stale["staleness_mean"] * n_samples
         c.staleness_max = max(c.staleness_max, int(stale["staleness_max"]))
         c.train_wall_s += t3 - t0
+        if step > self.first_step:
+            c.steady_steps += 1
+            c.steady_samples += n_samples
+            c.steady_wall_s += t3 - t0
+        for writer, n in by_writer.items():
+            c.trained_by_writer[writer] = c.trained_by_writer.get(writer, 0) + n
         rewards = [s.reward for g in kept for s in g.samples]
         metrics = {
             **{f"train/{k}": float(v) for k, v in train_metrics.items()},
@@ -164,12 +183,31 @@ class TrainingRunner:
         for k, v in stale.items():
             if k not in ("staleness_mean", "staleness_max"):
                 metrics[f"staleness/{k}"] = float(v)
+        for lag, count in staleness_histogram(kept, step, self.cfg.rollout.async_ratio).items():
+            metrics[f"staleness/hist_{lag}"] = float(count)
+        metrics.update(self.rollout_metrics())
         return metrics
+
+    def rollout_metrics(self) -> dict[str, float]:
+        """The environment writers' latest rollout metrics (`stats/<writer>.json`), summed over writers for
+        counters, per writer for the per-server figures."""
+        out: dict[str, float] = {}
+        for writer in sorted(self.reader.cursors):
+            doc = self.ctx.store.get_json(self.ctx.paths.rollout_stats(writer))
+            for k, v in (doc or {}).get("metrics", {}).items():
+                if not isinstance(v, int | float):
+                    continue
+                if "/server" in k:
+                    out[k.replace("rollout/", f"rollout/{writer}/", 1)] = float(v)
+                elif k != "rollout/version":
+                    out[k] = out.get(k, 0.0) + float(v)
+        return out
 
     def publish(self, metrics: dict[str, float]) -> None:
         doc = {
             "version": self.version,
             "consumed": self.reader.cursors,
+            "trained": self.counters.trained_by_writer,
             "counters": self.counters.as_dict(),
             "checksum": self.checksum,
             "metrics": metrics,
@@ -188,6 +226,7 @@ class TrainingRunner:
         self.resume()
         self.connect_generation()
         steps = self.cfg.training.steps
+        self.first_step = self.version
         for step in range(self.version, steps):
             metrics = self.step(step)
             self.publish(metrics)

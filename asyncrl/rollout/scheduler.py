@@ -1,195 +1,444 @@
-"""The rollout scheduler core: admission under the async ratio, prompt replication, queue routing, staleness aborts.
+"""The rollout scheduler core: admission under α, queue routing, replication, redundancy, filtering, staleness.
 
-Sans-IO: events go in (a prompt is offered, a sample finished or failed, the policy version advanced), decisions
-come out (`Start`, `Abort`, `EmitGroup`). The environment role drives it with asyncio and real servers; a simulator
-can drive the same object with a virtual clock. Nothing here sleeps, sends or reads a clock.
+Sans-IO: events go in (prompt offered, request finished, environment stepped or failed, sample scored, policy
+version advanced), decisions come out (`Start`, `Abort`, `EmitGroup`, `DropGroup`, `DropSample`). Nothing here
+sleeps, sends or reads a clock: the environment role drives it with asyncio and real servers, `asyncrl.sim` drives
+the very same object with a virtual clock.
 
-Invariants (ALGORITHMS.md §1, with B = prompts_per_step of this writer, α = async_ratio):
-- outstanding = admitted − aborted − consumed, where `consumed` is how many of this writer's groups the trainer
-  has read (trained or dropped as stale). A prompt is admitted only while outstanding < (α + 1)·B, so the trainer
-  will consume it by step start_version + α when groups finish in order: no sample is started that could not be used.
-- Each of a prompt's n samples is its own request (prompt replication), sent to the server with the fewest
-  outstanding requests (queue scheduling; ties go to the lowest index).
-- When the version becomes v, the next training step is k = v, which accepts start_version >= v − α. Every running
-  group with start_version < v − α can never be trained on: all its running samples are aborted and the group is
-  counted as aborted, never emitted.
-- A group is emitted exactly once, when all n samples finished; a sample that failed (server error) fails its group,
-  which is then aborted like a stale one so that admission can replace it.
+Terms (one writer; W = prompts_per_step of this writer, α = async ratio, n = group_size, r = extra_samples):
+- A *group* is one admitted prompt; it starts n + r *samples* (prompt replication: each its own request, routed on
+  its own). A sample is one trajectory: one request, or several (next turns after an environment step, or a
+  continuation re-submitted after a weight update). The first n samples scored are kept; the others are aborted at
+  their server (redundant rollout, per group).
+- *Slots*: training step k takes W of this writer's groups, and may use a group only if its start_version ≥ k − α.
+  So a group started under version v can be trained only in one of the (v + α + 1)·W slots of steps 0..v+α.
+  `trained` (groups trained in completed steps) and `emitted_unconsumed` (written, not yet read by the trainer)
+  occupy slots.
+
+Admission (`can_admit`), ALGORITHMS.md §1 plus redundancy (G = extra_groups):
+- a slot through step version+α must still be free: trained + emitted_unconsumed < (version + α + 1)·W, so no
+  sample is started that could not be trained on;
+- at most (α + 1)·W + G groups live or written-and-unconsumed (admitted and not yet consumed), and at most
+  (version + α + 1)·W + G counting the trained ones.
+With α = 0 this is synchronous on-policy training: W + G groups start under version v, the first W to finish fill
+step v, the rest are aborted, and nothing starts again until version v + 1 is published (servers idle while the
+trainer trains). `mode="sync"` is exactly that (the config forces α = 0).
+
+Aborts and drops:
+- stale: when the version becomes v, a live group with start_version < v − α can never be trained: aborted;
+- surpassed (redundant groups): a live group whose last usable step start_version + α has all its slots filled by
+  trained and written groups is aborted;
+- a group whose remaining samples cannot reach n (failures) is aborted; with dynamic filtering a complete group
+  whose kept rewards are all equal (no GRPO signal) is dropped and replaced.
+
+Invariants (checked by `check_invariants`, used by the tests and the simulator):
+- groups:  admitted = live + emitted + filtered + aborted (stale + failed + surpassed);
+- samples: started = running + awaiting + finished + failed + aborted + dropped, where `running` samples have a
+  request on a server, `awaiting` ones wait for a score or an environment step;
+- server work equals the sum of the estimated work of the requests running on it; none is negative.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
+from typing import Literal
+
+from asyncrl.rollout.decisions import Abort, Decision, DropGroup, DropSample, EmitGroup, Start
+
+__all__ = ["Abort", "Decision", "DropGroup", "DropSample", "EmitGroup", "RolloutScheduler", "SchedulerConfig",
+           "SchedulerStats", "Start"]
+
+Routing = Literal["least_tokens", "least_requests", "round_robin"]
+PartialRollout = Literal["continue", "resubmit"]
 
 
-@dataclass(frozen=True)
-class Start:
-    """Send sample `sample_index` of group `group_id` to server `server` (an index into the server list)."""
-
-    group_id: str
-    prompt_index: int
-    sample_index: int
+# ---- state ------------------------------------------------------------------------------------------------------
+@dataclass
+class _Request:
     server: int
-    start_version: int
-
-
-@dataclass(frozen=True)
-class Abort:
-    """Abort the running request of a sample on its server."""
-
-    group_id: str
-    sample_index: int
-    server: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class EmitGroup:
-    """All samples of the group finished: score-complete results can be written as one group."""
-
-    group_id: str
-    prompt_index: int
-    start_version: int
-
-
-Decision = Start | Abort | EmitGroup
+    turn: int
+    work: float
+    version: int  # policy version live when the request was sent
+    resubmit: bool = False
 
 
 @dataclass
-class _GroupState:
+class _Sample:
+    context_tokens: int
+    request: _Request | None = None  # running request, if any
+    turn: int = 0
+    state: Literal["running", "awaiting", "finished", "failed"] = "running"
+    reward: float = 0.0
+
+
+@dataclass
+class _Group:
     group_id: str
     prompt_index: int
     start_version: int
-    running: dict[int, int] = field(default_factory=dict)  # sample_index -> server
-    finished: set[int] = field(default_factory=set)
+    samples: dict[int, _Sample] = field(default_factory=dict)
+    finish_order: list[int] = field(default_factory=list)
 
 
 @dataclass
 class SchedulerStats:
     admitted: int = 0
     emitted: int = 0
-    aborted_groups: int = 0
-    aborted_samples: int = 0
-    failed_samples: int = 0
+    filtered_groups: int = 0
+    aborted_stale_groups: int = 0
+    aborted_failed_groups: int = 0
+    aborted_surpassed_groups: int = 0
+    samples_started: int = 0
+    requests_started: int = 0
+    samples_finished: int = 0
+    samples_failed: int = 0
+    samples_aborted: int = 0
+    samples_dropped: int = 0
+    resubmits: int = 0
+
+    @property
+    def aborted_groups(self) -> int:
+        return self.aborted_stale_groups + self.aborted_failed_groups + self.aborted_surpassed_groups
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The scheduler's knobs; `prompts_per_step` is this writer's share W of the batch."""
+
+    async_ratio: int
+    prompts_per_step: int
+    group_size: int
+    num_servers: int
+    extra_samples: int = 0
+    extra_groups: int = 0
+    routing: Routing = "least_tokens"
+    replicate: bool = True
+    dynamic_filter: bool = False
+    partial_rollout: PartialRollout = "continue"
+    max_new_tokens: int = 256
+    writer: str = "env0"
+
+    def __post_init__(self) -> None:
+        if self.async_ratio < 0:
+            raise ValueError(f"async_ratio: expected >= 0, got {self.async_ratio}")
+        for name in ("prompts_per_step", "group_size", "num_servers", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
+        for name in ("extra_samples", "extra_groups"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)}")
 
 
 class RolloutScheduler:
-    """Admission, replication, routing and staleness aborts for one environment writer."""
+    """The rollout policy of one environment writer (see the module docstring for the rules and invariants)."""
 
-    def __init__(self, *, async_ratio: int, prompts_per_step: int, samples_per_prompt: int, num_servers: int,
-                 writer: str = "env0") -> None:
-        if async_ratio < 0:
-            raise ValueError(f"async_ratio: expected >= 0, got {async_ratio}")
-        if prompts_per_step < 1 or samples_per_prompt < 1 or num_servers < 1:
-            raise ValueError("prompts_per_step, samples_per_prompt and num_servers must be >= 1")
-        self.async_ratio = async_ratio
-        self.prompts_per_step = prompts_per_step
-        self.samples_per_prompt = samples_per_prompt
-        self.writer = writer
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.cfg = config
         self.version = 0
-        self.consumed = 0
+        self.trained = 0  # this writer's groups trained in completed steps (published by the trainer)
+        self.consumed = 0  # this writer's groups the trainer has read (trained or dropped as stale)
         self.stats = SchedulerStats()
-        self._server_load = [0] * num_servers
-        self._groups: dict[str, _GroupState] = {}
+        self._work = [0.0] * config.num_servers
+        self._requests = [0] * config.num_servers
+        # lazy min-heap of (work, requests, server) for least-loaded routing in O(log K): every change pushes the
+        # server's new key; a popped key that no longer matches the server's current figures is discarded
+        self._heap: list[tuple[float, int, int]] = [(0.0, 0, s) for s in range(config.num_servers)]
+        self._rr = 0
+        self._groups: dict[str, _Group] = {}
+        self._mean_new_tokens = config.max_new_tokens / 2
+        self._finished_requests = 0
 
-    # ---- queries -------------------------------------------------------------------------------------
+    # ---- queries ----------------------------------------------------------------------------------------------
     @property
-    def window(self) -> int:
-        """(α + 1)·B: how many of this writer's groups may be admitted and not yet consumed."""
-        return (self.async_ratio + 1) * self.prompts_per_step
+    def emitted_unconsumed(self) -> int:
+        return max(0, self.stats.emitted - self.consumed)
 
     @property
-    def outstanding(self) -> int:
-        return self.stats.admitted - self.stats.aborted_groups - self.consumed
+    def live_groups(self) -> int:
+        return len(self._groups)
 
     def can_admit(self) -> bool:
-        return self.outstanding < self.window
-
-    @property
-    def server_load(self) -> list[int]:
-        return list(self._server_load)
-
-    @property
-    def running_groups(self) -> int:
-        return len(self._groups)
+        c, w = self.cfg, self.cfg.prompts_per_step
+        horizon = (self.version + c.async_ratio + 1) * w
+        in_window = self.live_groups + self.emitted_unconsumed
+        return (self.trained + self.emitted_unconsumed < horizon
+                and self.trained + in_window < horizon + c.extra_groups
+                and in_window < (c.async_ratio + 1) * w + c.extra_groups)
 
     def min_trainable_version(self) -> int:
         """The oldest start_version the next training step (k = version) accepts."""
-        return self.version - self.async_ratio
+        return self.version - self.cfg.async_ratio
 
-    # ---- events --------------------------------------------------------------------------------------
-    def admit(self, prompt_index: int) -> list[Decision]:
-        """Admit one prompt: returns one `Start` per sample. Raises if the window is full."""
+    @property
+    def server_work(self) -> list[float]:
+        return list(self._work)
+
+    @property
+    def server_requests(self) -> list[int]:
+        return list(self._requests)
+
+    @property
+    def running_requests(self) -> int:
+        return sum(self._requests)
+
+    def counts(self) -> dict[str, int]:
+        running = awaiting = 0
+        for g in self._groups.values():
+            for s in g.samples.values():
+                if s.state == "running":
+                    running += 1
+                elif s.state == "awaiting":
+                    awaiting += 1
+        return {"live_groups": self.live_groups, "running_samples": running, "awaiting_samples": awaiting,
+                "running_requests": self.running_requests, "emitted_unconsumed": self.emitted_unconsumed}
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the bookkeeping does not add up (see the module docstring)."""
+        s, c = self.stats, self.counts()
+        assert s.admitted == c["live_groups"] + s.emitted + s.filtered_groups + s.aborted_groups, (s, c)
+        finished_live = sum(1 for g in self._groups.values() for x in g.samples.values() if x.state == "finished")
+        failed_live = sum(1 for g in self._groups.values() for x in g.samples.values() if x.state == "failed")
+        assert s.samples_started == (c["running_samples"] + c["awaiting_samples"] + s.samples_finished
+                                     + s.samples_failed + s.samples_aborted + s.samples_dropped), (s, c)
+        assert finished_live <= s.samples_finished and failed_live <= s.samples_failed
+        work = [0.0] * self.cfg.num_servers
+        reqs = [0] * self.cfg.num_servers
+        for g in self._groups.values():
+            for x in g.samples.values():
+                if x.request is not None:
+                    work[x.request.server] += x.request.work
+                    reqs[x.request.server] += 1
+        assert reqs == self._requests, (reqs, self._requests)
+        assert all(abs(a - b) < 1e-6 for a, b in zip(work, self._work, strict=True)), (work, self._work)
+
+    # ---- events -----------------------------------------------------------------------------------------------
+    def offer_prompt(self, prompt_index: int, prompt_tokens: int) -> list[Decision]:
+        """A prompt is available: admit it (call only while `can_admit()`); one `Start` per sample."""
         if not self.can_admit():
-            raise RuntimeError(
-                f"admission window full: outstanding {self.outstanding} >= (α+1)·B = {self.window}"
-            )
-        group_id = f"{self.writer}-{self.stats.admitted:09d}"
+            raise RuntimeError("admission closed: check can_admit() before offering a prompt")
+        c = self.cfg
+        group = _Group(f"{c.writer}-{self.stats.admitted:09d}", prompt_index, self.version)
+        self._groups[group.group_id] = group
         self.stats.admitted += 1
-        state = _GroupState(group_id, prompt_index, self.version)
-        self._groups[group_id] = state
         decisions: list[Decision] = []
-        for i in range(self.samples_per_prompt):
-            server = self._least_loaded()
-            self._server_load[server] += 1
-            state.running[i] = server
-            decisions.append(Start(group_id, prompt_index, i, server, self.version))
+        one_server = None if c.replicate else self._pick_server(prompt_tokens)
+        for i in range(c.group_size + c.extra_samples):
+            sample = _Sample(context_tokens=prompt_tokens)
+            group.samples[i] = sample
+            self.stats.samples_started += 1
+            server = self._pick_server(prompt_tokens) if one_server is None else one_server
+            decisions.append(self._start(group, i, sample, server))
         return decisions
 
-    def sample_finished(self, group_id: str, sample_index: int) -> list[Decision]:
-        """A sample's request completed (scored). Returns `EmitGroup` when its group is complete.
+    def request_finished(self, group_id: str, sample_index: int, new_tokens: int,
+                         aborted: bool = False) -> list[Decision]:
+        """A server answered a request with `new_tokens` tokens (`aborted`: it was cut short).
 
-        A result for a group that was already aborted (it raced the abort) is ignored.
+        The sample then awaits its score or environment step; a request we aborted for a resubmit continues as a
+        new request with the partial tokens appended; an abort we did not ask for fails the sample.
+        Results for requests that are no longer running (their group is gone) are ignored.
         """
-        state = self._groups.get(group_id)
-        if state is None or sample_index not in state.running:
+        group, sample = self._running(group_id, sample_index)
+        if sample is None or group is None:
             return []
-        server = state.running.pop(sample_index)
-        self._server_load[server] -= 1
-        state.finished.add(sample_index)
-        if state.running or len(state.finished) < self.samples_per_prompt:
+        req = sample.request
+        assert req is not None
+        self._release(req)
+        sample.request = None
+        sample.context_tokens += new_tokens
+        if aborted and req.resubmit:
+            self.stats.resubmits += 1
+            return [self._start(group, sample_index, sample, self._pick_server(sample.context_tokens))]
+        if aborted:
+            return self._fail(group, sample_index, sample)
+        self._finished_requests += 1
+        self._mean_new_tokens += (new_tokens - self._mean_new_tokens) / min(self._finished_requests, 256)
+        sample.state = "awaiting"
+        return []
+
+    def env_stepped(self, group_id: str, sample_index: int, observation_tokens: int, done: bool) -> list[Decision]:
+        """The environment answered an action. Not done: the next turn starts (`Start` with turn + 1) on the
+        least-loaded server; done: the sample awaits its score."""
+        group = self._groups.get(group_id)
+        sample = group.samples.get(sample_index) if group else None
+        if group is None or sample is None or sample.state != "awaiting":
             return []
-        del self._groups[group_id]
-        self.stats.emitted += 1
-        return [EmitGroup(group_id, state.prompt_index, state.start_version)]
+        sample.context_tokens += observation_tokens
+        if done:
+            return []
+        return [self._start(group, sample_index, sample, self._pick_server(sample.context_tokens))]
 
     def sample_failed(self, group_id: str, sample_index: int) -> list[Decision]:
-        """A sample's request failed: the whole group is aborted (and so replaced by admission)."""
-        state = self._groups.get(group_id)
-        if state is None or sample_index not in state.running:
+        """A request, an environment step or a score failed: the sample fails; if the group can no longer
+        reach n finished samples, it is aborted (and replaced by admission)."""
+        group = self._groups.get(group_id)
+        sample = group.samples.get(sample_index) if group else None
+        if group is None or sample is None or sample.state in ("finished", "failed"):
             return []
-        server = state.running.pop(sample_index)
-        self._server_load[server] -= 1
-        self.stats.failed_samples += 1
-        return self._abort_group(state, "sample failed")
+        if sample.request is not None:
+            self._release(sample.request)
+            sample.request = None
+        return self._fail(group, sample_index, sample)
 
-    def version_advanced(self, version: int, consumed: int) -> list[Decision]:
-        """The trainer published `version` having consumed `consumed` of this writer's groups.
+    env_failed = sample_failed
 
-        Returns `Abort`s for every running sample of a group that can no longer be trained on.
+    def sample_scored(self, group_id: str, sample_index: int, reward: float) -> list[Decision]:
+        """A sample's reward is known: it is finished. The group completes with its first n finished samples;
+        its other samples are aborted (running) or dropped (awaiting)."""
+        group = self._groups.get(group_id)
+        sample = group.samples.get(sample_index) if group else None
+        if group is None or sample is None or sample.state != "awaiting":
+            return []
+        sample.state, sample.reward = "finished", reward
+        self.stats.samples_finished += 1
+        group.finish_order.append(sample_index)
+        if len(group.finish_order) < self.cfg.group_size:
+            return []
+        kept = tuple(sorted(group.finish_order))
+        decisions = self._close(group, "redundant: group complete")
+        rewards = {group.samples[i].reward for i in kept}
+        if self.cfg.dynamic_filter and len(rewards) == 1:
+            self.stats.filtered_groups += 1
+            decisions.append(DropGroup(group.group_id, f"filtered: all {len(kept)} rewards are {rewards.pop()}"))
+            return decisions
+        self.stats.emitted += 1
+        decisions.append(EmitGroup(group.group_id, group.prompt_index, group.start_version, kept))
+        return decisions + self._abort_surpassed()
+
+    def version_advanced(self, version: int, trained: int, consumed: int) -> list[Decision]:
+        """The trainer published `version`, having trained `trained` and read `consumed` of this writer's groups.
+
+        The trainer publishes between steps, so `consumed − trained` is what it dropped as stale; a group it has
+        read and is still training counts as unconsumed until the next publication.
+
+        Aborts live groups that became stale or surpassed; with `partial_rollout="resubmit"`, every request sent
+        under an older version is aborted to be re-sent with its partial tokens.
         """
-        if version < self.version or consumed < self.consumed:
-            raise ValueError(
-                f"version/consumed must not go back: had ({self.version}, {self.consumed}), got ({version}, {consumed})"
-            )
-        self.version, self.consumed = version, consumed
+        if version < self.version or consumed < self.consumed or trained < self.trained:
+            raise ValueError(f"version/trained/consumed must not go back: had ({self.version}, {self.trained}, "
+                             f"{self.consumed}), got ({version}, {trained}, {consumed})")
+        if trained > consumed:
+            raise ValueError(f"trained ({trained}) cannot exceed consumed ({consumed})")
+        self.version, self.trained, self.consumed = version, trained, consumed
         floor = self.min_trainable_version()
         decisions: list[Decision] = []
-        for state in [g for g in self._groups.values() if g.start_version < floor]:
-            decisions += self._abort_group(state, f"stale: start_version {state.start_version} < {floor}")
+        stale = []
+        for g in self._groups.values():  # admission order: start_version never decreases
+            if g.start_version >= floor:
+                break
+            stale.append(g)
+        for group in stale:
+            self.stats.aborted_stale_groups += 1
+            decisions += self._close(group, f"stale: start_version {group.start_version} < {floor}")
+            decisions.append(DropGroup(group.group_id, "stale"))
+        decisions += self._abort_surpassed()
+        if self.cfg.partial_rollout == "resubmit":
+            for group in self._groups.values():
+                for i, s in sorted(group.samples.items()):
+                    req = s.request
+                    if req is not None and req.version < version and not req.resubmit:
+                        req.resubmit = True
+                        decisions.append(Abort(group.group_id, i, req.server, f"{group.group_id}-{i}-{req.turn}",
+                                               f"resubmit under version {version}", resubmit=True))
         return decisions
 
-    # ---- internals -----------------------------------------------------------------------------------
-    def _least_loaded(self) -> int:
-        return min(range(len(self._server_load)), key=lambda s: (self._server_load[s], s))
+    # ---- internals --------------------------------------------------------------------------------------------
+    def _running(self, group_id: str, sample_index: int) -> tuple[_Group | None, _Sample | None]:
+        group = self._groups.get(group_id)
+        sample = group.samples.get(sample_index) if group else None
+        if sample is None or sample.request is None:
+            return None, None
+        return group, sample
 
-    def _abort_group(self, state: _GroupState, reason: str) -> list[Decision]:
+    def _estimate(self, context_tokens: int) -> float:
+        """Outstanding work of a request: its context plus the expected new tokens (running mean)."""
+        return context_tokens + self._mean_new_tokens
+
+    def _pick_server(self, context_tokens: int) -> int:
+        """round_robin: the next server; least_requests: fewest running requests; least_tokens: least estimated
+        work (then fewest requests). Ties go to the lowest index."""
+        k = self.cfg.num_servers
+        if self.cfg.routing == "round_robin":
+            self._rr = (self._rr + 1) % k
+            return (self._rr - 1) % k
+        if self.cfg.routing == "least_requests":
+            return min(range(k), key=lambda s: (self._requests[s], s))
+        heap = self._heap
+        while True:
+            work, reqs, server = heap[0]
+            if work == self._work[server] and reqs == self._requests[server]:
+                return server
+            heapq.heappop(heap)
+
+    def _load_changed(self, server: int) -> None:
+        if self.cfg.routing != "least_tokens":
+            return
+        heapq.heappush(self._heap, (self._work[server], self._requests[server], server))
+        if len(self._heap) > 8 * self.cfg.num_servers + 1024:  # compact the stale keys
+            self._heap = [(self._work[i], self._requests[i], i) for i in range(self.cfg.num_servers)]
+            heapq.heapify(self._heap)
+
+    def _start(self, group: _Group, index: int, sample: _Sample, server: int) -> Start:
+        turn = sample.turn
+        sample.turn += 1
+        req = _Request(server, turn, self._estimate(sample.context_tokens), self.version)
+        sample.request, sample.state = req, "running"
+        self._work[server] += req.work
+        self._requests[server] += 1
+        self._load_changed(server)
+        self.stats.requests_started += 1
+        return Start(group.group_id, group.prompt_index, index, server, group.start_version, turn,
+                     sample.context_tokens)
+
+    def _release(self, req: _Request) -> None:
+        self._work[req.server] -= req.work
+        self._requests[req.server] -= 1
+        if self._requests[req.server] == 0:
+            self._work[req.server] = 0.0  # no float drift on an idle server
+        self._load_changed(req.server)
+
+    def _fail(self, group: _Group, index: int, sample: _Sample) -> list[Decision]:
+        sample.state = "failed"
+        self.stats.samples_failed += 1
+        alive = sum(1 for s in group.samples.values() if s.state != "failed")
+        if alive >= self.cfg.group_size:
+            return []
+        self.stats.aborted_failed_groups += 1
+        return self._close(group, "failed: too few samples left") + [DropGroup(group.group_id, "failed")]
+
+    def _close(self, group: _Group, reason: str) -> list[Decision]:
+        """Remove a group: abort its running requests, drop its awaiting samples."""
         decisions: list[Decision] = []
-        for sample_index, server in sorted(state.running.items()):
-            self._server_load[server] -= 1
-            self.stats.aborted_samples += 1
-            decisions.append(Abort(state.group_id, sample_index, server, reason))
-        state.running.clear()
-        del self._groups[state.group_id]
-        self.stats.aborted_groups += 1
+        for i, s in sorted(group.samples.items()):
+            if s.request is not None:
+                self._release(s.request)
+                decisions.append(Abort(group.group_id, i, s.request.server, f"{group.group_id}-{i}-{s.request.turn}",
+                                       reason))
+                s.request = None
+                self.stats.samples_aborted += 1
+            elif s.state == "awaiting":
+                decisions.append(DropSample(group.group_id, i, reason))
+                self.stats.samples_dropped += 1
+        del self._groups[group.group_id]
+        return decisions
+
+    def _abort_surpassed(self) -> list[Decision]:
+        """Abort live groups whose usable slots (through step start_version + α) are all taken.
+
+        Live groups are kept in admission order and start_version never decreases with admission, so the scan
+        stops at the first group that is not surpassed (O(1) when none is).
+        """
+        c = self.cfg
+        occupied = self.trained + self.emitted_unconsumed
+        surpassed: list[_Group] = []
+        for g in self._groups.values():
+            if occupied < (g.start_version + c.async_ratio + 1) * c.prompts_per_step:
+                break
+            surpassed.append(g)
+        decisions: list[Decision] = []
+        for group in surpassed:
+            self.stats.aborted_surpassed_groups += 1
+            decisions += self._close(group, "redundant: its training steps are full")
+            decisions.append(DropGroup(group.group_id, "surpassed"))
         return decisions

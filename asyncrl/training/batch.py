@@ -26,7 +26,7 @@ class TrainBatch:
 
     input_ids: Tensor  # [S, T] long, prompt + response, right-padded with pad_id
     attention_mask: Tensor  # [S, T] long, 1 on prompt and response tokens
-    response_mask: Tensor  # [S, T] float, 1 on response tokens (label-aligned)
+    response_mask: Tensor  # [S, T] float, the sample's loss mask on response tokens (1 = trained on), 0 elsewhere
     behav_logprobs: Tensor  # [S, T] float, engine log-probs at response columns, 0 elsewhere
     advantages: Tensor  # [S, T] float, the sample's advantage at response columns, 0 elsewhere
     token_versions: Tensor  # [S, T] long, policy version of each response token, -1 elsewhere
@@ -40,13 +40,13 @@ class TrainBatch:
 
     @property
     def num_tokens(self) -> int:
-        """Response tokens of the batch (the token-mean denominator)."""
-        return int(self.response_lengths.sum())
+        """Trained-on response tokens of the batch (the token-mean denominator)."""
+        return int(self.response_mask.sum())
 
     @property
     def num_nonempty(self) -> int:
-        """Samples with at least one response token (the seq-mean-token-mean denominator)."""
-        return int((self.response_lengths > 0).sum())
+        """Samples with at least one trained-on token (the seq-mean-token-mean denominator)."""
+        return int((self.response_mask.sum(dim=1) > 0).sum())
 
     def split(self, micro_batch_size: int) -> list[TrainBatch]:
         """Consecutive micro batches of at most `micro_batch_size` samples, each trimmed to its longest row."""
@@ -85,7 +85,7 @@ def build_batch(groups: list[Group], norm_std: bool, pad_id: int) -> TrainBatch:
         attention_mask[i, : p + n] = 1
         if n:
             input_ids[i, p : p + n] = torch.tensor(s.token_ids, dtype=torch.long)
-            response_mask[i, p : p + n] = 1.0
+            response_mask[i, p : p + n] = torch.tensor(s.mask(), dtype=torch.float32)
             behav[i, p : p + n] = torch.tensor(s.logprobs, dtype=torch.float32)
             adv[i, p : p + n] = a
             versions[i, p : p + n] = torch.tensor(s.token_versions, dtype=torch.long)

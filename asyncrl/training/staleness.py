@@ -53,3 +53,13 @@ def staleness_stats(groups: list[Group], step: int) -> dict[str, float]:
         "stale_token_fraction": sum(1 for x in token_lags if x > 0) / n_tok if n_tok else 0.0,
         "partial_rollout_fraction": partial / len(samples),
     }
+
+
+def staleness_histogram(groups: list[Group], step: int, alpha: int) -> dict[int, int]:
+    """Samples per lag `step − start_version`, for every lag 0..alpha (zeros included) and any larger lag seen."""
+    hist = dict.fromkeys(range(alpha + 1), 0)
+    for g in groups:
+        for s in g.samples:
+            lag = step - s.start_version
+            hist[lag] = hist.get(lag, 0) + 1
+    return dict(sorted(hist.items()))

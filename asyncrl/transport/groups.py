@@ -38,6 +38,7 @@ GROUP_SCHEMA = pa.schema(
         ("start_version", pa.int64()),
         ("reward", pa.float64()),
         ("finish_reason", pa.string()),
+        ("loss_mask", pa.list_(pa.int8())),
     ]
 )
 _MAX_WRITE_ATTEMPTS = 1000
@@ -62,6 +63,7 @@ def encode_groups(groups: Iterable[Group]) -> bytes:
             rows["start_version"].append(s.start_version)
             rows["reward"].append(s.reward)
             rows["finish_reason"].append(s.finish_reason)
+            rows["loss_mask"].append(s.mask())
     if count == 0:
         raise ValueError("encode_groups: expected at least one group")
     table = pa.table(rows, schema=GROUP_SCHEMA)
@@ -126,6 +128,7 @@ def decode_groups(data: bytes, source: str) -> list[Group]:
                 start_version=cols["start_version"][i],
                 reward=cols["reward"][i],
                 finish_reason=cols["finish_reason"][i],
+                loss_mask=None if all(cols["loss_mask"][i]) else cols["loss_mask"][i],  # all ones reads as None
             )
         )
     for g in groups.values():

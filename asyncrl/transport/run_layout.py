@@ -6,6 +6,7 @@ Under `<prefix>/<run_id>/` (prefix may be empty):
     rendezvous/<role>/<id>.json
     groups/<writer>/<seq:012d>.parquet        written once, never rewritten
     versions/latest.json
+    stats/<writer>.json                       latest rollout metrics of an environment writer
     checkpoints/<version>/<name>              committed by writing COMMITTED last
     done
 Invariants: run ids, role ids and writer ids match `[A-Za-z0-9_-]+` (run ids may also hold '.');
@@ -105,6 +106,10 @@ class RunPaths:
 
     def versions_latest(self) -> str:
         return self.file("versions/latest.json")
+
+    def rollout_stats(self, writer: str) -> str:
+        """The latest rollout metrics of one environment writer (overwritten; read by the trainer for MLflow)."""
+        return self.file(f"stats/{check_id('writer', writer)}.json")
 
     def checkpoints_root(self) -> str:
         return self.file("checkpoints/")

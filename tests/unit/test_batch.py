@@ -83,3 +83,15 @@ def test_build_batch_rejects_bad_input() -> None:
     bad = Group("x", 0, "t", [Sample("x", 0, [1], [2, 3], [-0.1], [0, 0], 0)])
     with pytest.raises(ValueError, match="logprobs"):
         build_batch([bad], norm_std=True, pad_id=PAD)
+
+
+def test_loss_mask_limits_the_trained_tokens() -> None:
+    g = Group("g", 0, "t", [
+        Sample("g", 0, [1, 2], [5, 2, 9, 9], [-0.1] * 4, [0] * 4, 0, reward=1.0, loss_mask=[1, 1, 0, 0]),
+        Sample("g", 1, [1, 2], [6, 2], [-0.2] * 2, [0] * 2, 0, reward=0.0),
+    ])  # sample 0: decode padding past its first EOS is not trained on
+    b = build_batch([g], norm_std=True, pad_id=PAD)
+    assert b.response_mask[0].tolist() == [0, 0, 1, 1, 0, 0]
+    assert b.response_mask[1].tolist() == [0, 0, 1, 1, 0, 0]
+    assert b.num_tokens == 4 and b.num_nonempty == 2
+    assert b.response_lengths.tolist() == [4, 2]  # the padding still costs compute: it is in the rows

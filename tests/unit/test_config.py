@@ -67,3 +67,22 @@ def test_bad_override_syntax():
 def test_task_eval_split_must_leave_train_problems():
     with pytest.raises(ConfigError, match=r"task.num_eval: expected fewer than the 1800 distinct problems"):
         load_config(None, ["task.num_eval=1800"])
+
+
+def test_sync_mode_trains_on_policy_whatever_the_file_says():
+    cfg = load_config("configs/default.yaml", ["rollout.mode=sync"])
+    assert cfg.rollout.mode == "sync" and cfg.rollout.async_ratio == 0
+    assert load_config("configs/default.yaml", []).rollout.async_ratio == 1
+
+
+def test_rollout_engine_options_are_checked():
+    with pytest.raises(ConfigError, match="rollout.length_tail.median_tokens"):
+        load_config("configs/default.yaml", ["rollout.length_tail={median_tokens: 99, sigma: 1.0}"])
+    with pytest.raises(ConfigError, match="rollout.routing"):
+        load_config("configs/default.yaml", ["rollout.routing=fastest"])
+    with pytest.raises(ConfigError, match="rollout.partial_rollout"):
+        load_config("configs/default.yaml", ["rollout.partial_rollout=restart"])
+    cfg = load_config("configs/default.yaml", ["rollout.extra_groups=4", "rollout.extra_samples_per_prompt=2",
+                                               "rollout.max_new_tokens=12", "generation.max_model_len=64",
+                                               "rollout.length_tail={median_tokens: 4, sigma: 1.5}"])
+    assert cfg.rollout.extra_groups == 4 and cfg.rollout.length_tail.sigma == 1.5

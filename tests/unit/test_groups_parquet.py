@@ -42,6 +42,16 @@ def test_round_trip_is_exact() -> None:
     assert back.start_version == 3 and back.rewards == [0.0, 0.5, 1.0]
 
 
+def test_loss_mask_round_trips_and_is_checked() -> None:
+    g = make_group(n=2)
+    g.samples[0].loss_mask = [1, 0, 0]
+    back = decode_group(encode_group(g), "mem://g1")
+    assert back.samples[0].loss_mask == [1, 0, 0] and back.samples[1].loss_mask is None
+    g.samples[1].loss_mask = [1, 1]
+    with pytest.raises(ValueError, match="loss_mask must hold one 0/1 entry per response token"):
+        encode_group(g)
+
+
 def test_file_schema_and_compression() -> None:
     meta = pq.ParquetFile(pa.BufferReader(encode_group(make_group()))).metadata
     assert meta.num_rows == 3

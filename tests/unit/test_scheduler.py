@@ -1,97 +1,305 @@
-"""The sans-IO rollout scheduler: admission window, replication, routing, staleness aborts, emission."""
+"""The sans-IO rollout scheduler: exact event sequences for admission, routing, replication, redundancy,
+filtering, staleness, partial-rollout resubmits and multi-turn trajectories; invariants after every event."""
+
+import random
 
 import pytest
 
-from asyncrl.rollout.scheduler import Abort, EmitGroup, RolloutScheduler, Start
+from asyncrl.rollout.scheduler import (
+    Abort,
+    DropGroup,
+    DropSample,
+    EmitGroup,
+    RolloutScheduler,
+    SchedulerConfig,
+    Start,
+)
 
 
-def make(alpha=1, b=2, n=3, servers=2):
-    return RolloutScheduler(async_ratio=alpha, prompts_per_step=b, samples_per_prompt=n, num_servers=servers)
+def make(alpha=1, b=2, n=3, servers=2, **kw) -> RolloutScheduler:
+    kw.setdefault("max_new_tokens", 8)
+    return RolloutScheduler(SchedulerConfig(async_ratio=alpha, prompts_per_step=b, group_size=n, num_servers=servers,
+                                            **kw))
+
+
+def admit_all(s: RolloutScheduler, prompt_tokens: int = 4) -> list[list[Start]]:
+    groups = []
+    while s.can_admit():
+        groups.append(s.offer_prompt(len(groups), prompt_tokens))
+        s.check_invariants()
+    return groups
+
+
+def finish(s: RolloutScheduler, d: Start, reward: float = 1.0, tokens: int = 3) -> list:
+    assert s.request_finished(d.group_id, d.sample_index, tokens) == []
+    out = s.sample_scored(d.group_id, d.sample_index, reward)
+    s.check_invariants()
+    return out
 
 
 def test_window_is_alpha_plus_one_times_b():
     s = make(alpha=1, b=2)
-    admitted = 0
-    while s.can_admit():
-        s.admit(admitted)
-        admitted += 1
-    assert admitted == 4  # (1 + 1) * 2
-    with pytest.raises(RuntimeError, match="window full"):
-        s.admit(99)
+    assert len(admit_all(s)) == 4  # (1 + 1) * 2
+    with pytest.raises(RuntimeError, match="admission closed"):
+        s.offer_prompt(99, 4)
+    s = make(alpha=3, b=2)
+    assert len(admit_all(s)) == 8
 
 
-def test_alpha_zero_is_synchronous():
+def test_alpha_zero_is_the_synchronous_barrier():
+    """α = 0: B groups start under version v; nothing starts until the trainer has trained them and published v+1
+    (not when it merely read them): the servers idle while the trainer trains."""
     s = make(alpha=0, b=2, n=2)
-    starts = s.admit(0) + s.admit(1)
-    assert not s.can_admit()
-    for d in starts:
-        s.sample_finished(d.group_id, d.sample_index)
-    assert not s.can_admit()  # finished but not consumed: still outstanding
-    s.version_advanced(1, consumed=2)
-    assert s.can_admit() and s.outstanding == 0
+    groups = admit_all(s)
+    assert len(groups) == 2 and all(d.start_version == 0 for g in groups for d in g)
+    for g in groups:
+        for d in g:
+            finish(s, d, reward=float(d.sample_index))
+    assert s.stats.emitted == 2 and not s.can_admit()
+    s.version_advanced(1, trained=2, consumed=2)  # step 0 done, version 1 published
+    nxt = admit_all(s)
+    assert len(nxt) == 2 and all(d.start_version == 1 for g in nxt for d in g)
 
 
-def test_replication_and_least_loaded_routing():
-    s = make(alpha=0, b=2, n=3, servers=2)
-    d0 = s.admit(7)
-    assert [d.sample_index for d in d0] == [0, 1, 2]
-    assert all(isinstance(d, Start) and d.prompt_index == 7 and d.start_version == 0 for d in d0)
-    assert [d.server for d in d0] == [0, 1, 0]
-    assert s.server_load == [2, 1]
-    d1 = s.admit(8)
-    assert [d.server for d in d1] == [1, 0, 1]
-    assert s.server_load == [3, 3]
+def test_no_sample_starts_that_could_not_be_trained():
+    """α = 1: after step 0 the slots of step 1 are taken by written groups: only step 2's are open."""
+    s = make(alpha=1, b=2, n=2)
+    groups = admit_all(s)  # 4 groups, start 0: steps 0 and 1
+    for g in groups:
+        for d in g:
+            finish(s, d, reward=float(d.sample_index))
+    assert not s.can_admit()  # the slots of steps 0 and 1 are filled by written groups
+    s.version_advanced(1, trained=2, consumed=2)
+    assert len(admit_all(s)) == 2  # start 1 → step 2 (1 + α), the only free slots
 
 
-def test_group_emitted_once_when_all_samples_finish():
-    s = make(alpha=0, b=1, n=2, servers=1)
-    a, b = s.admit(5)
-    assert s.sample_finished(a.group_id, 0) == []
-    assert s.sample_finished(a.group_id, 0) == []  # duplicate completion ignored
-    out = s.sample_finished(b.group_id, 1)
-    assert out == [EmitGroup(a.group_id, 5, 0)]
-    assert s.stats.emitted == 1 and s.server_load == [0]
-    assert s.sample_finished(b.group_id, 1) == []
+def test_replication_spreads_a_group_over_servers():
+    s = make(alpha=0, b=1, n=4, servers=4)
+    (g,) = admit_all(s)
+    assert [d.server for d in g] == [0, 1, 2, 3]
+    assert [d.request_id for d in g] == [f"env0-000000000-{i}-0" for i in range(4)]
+    s = make(alpha=0, b=1, n=4, servers=4, replicate=False)
+    (g,) = admit_all(s)
+    assert {d.server for d in g} == {0}
+
+
+def test_least_loaded_routing_counts_tokens_not_requests():
+    """Work of a request = context tokens + expected new tokens (max_new_tokens / 2 = 4 before any finishes)."""
+    s = make(alpha=0, b=3, n=1, servers=2)
+    (a,) = s.offer_prompt(0, 20)  # server 0: 24
+    (b,) = s.offer_prompt(1, 4)  # server 1: 8
+    (c,) = s.offer_prompt(2, 4)  # least tokens: server 1 (8 < 24), although it has as many requests
+    assert (a.server, b.server, c.server) == (0, 1, 1)
+    assert s.server_work == [24.0, 16.0] and s.server_requests == [1, 2]
+    r = make(alpha=0, b=3, n=1, servers=2, routing="least_requests")
+    assert [r.offer_prompt(i, t)[0].server for i, t in enumerate([20, 4, 4])] == [0, 1, 0]
+    rr = make(alpha=0, b=3, n=2, servers=2, routing="round_robin")
+    assert [d.server for d in rr.offer_prompt(0, 4) + rr.offer_prompt(1, 4)] == [0, 1, 0, 1]
+
+
+def test_expected_length_follows_finished_requests():
+    s = make(alpha=0, b=2, n=1, servers=1)
+    (a,) = s.offer_prompt(0, 4)
+    assert s.server_work == [8.0]
+    s.request_finished(a.group_id, 0, 6)  # mean of new tokens: 4 → 6
+    s.offer_prompt(1, 4)
+    assert s.server_work == [10.0]
+
+
+def test_redundant_samples_keep_the_first_finishers_and_abort_the_rest():
+    s = make(alpha=0, b=1, n=2, servers=2, extra_samples=2)
+    (g,) = admit_all(s)
+    assert len(g) == 4
+    gid = g[0].group_id
+    assert finish(s, g[3], reward=1.0) == []
+    assert s.request_finished(gid, 1, 5) == []  # sample 1 finished decoding, its score is pending
+    out = finish(s, g[2], reward=0.0)
+    assert out == [
+        Abort(gid, 0, g[0].server, f"{gid}-0-0", "redundant: group complete"),
+        DropSample(gid, 1, "redundant: group complete"),
+        EmitGroup(gid, 0, 0, (2, 3)),
+    ]
+    assert s.stats.samples_aborted == 1 and s.stats.samples_dropped == 1 and s.server_requests == [0, 0]
+    assert s.sample_scored(gid, 1, 1.0) == []  # a late score of a dropped sample is ignored
+
+
+def test_redundant_groups_first_complete_fill_the_batch_the_rest_are_aborted():
+    s = make(alpha=0, b=2, n=1, servers=1, extra_groups=1)
+    g = admit_all(s)
+    assert len(g) == 3
+    finish(s, g[2][0])
+    out = finish(s, g[0][0])
+    assert out[0] == EmitGroup(g[0][0].group_id, 0, 0, (0,))
+    assert out[1:] == [Abort(g[1][0].group_id, 0, 0, f"{g[1][0].group_id}-0-0", "redundant: its training steps are full"),
+                       DropGroup(g[1][0].group_id, "surpassed")]
+    assert s.stats.aborted_surpassed_groups == 1 and not s.can_admit()
+
+
+def test_dynamic_filter_drops_groups_without_signal_and_admission_replaces_them():
+    s = make(alpha=0, b=1, n=2, servers=1, dynamic_filter=True)
+    (g,) = admit_all(s)
+    finish(s, g[0], reward=1.0)
+    out = finish(s, g[1], reward=1.0)
+    assert out == [DropGroup(g[0].group_id, "filtered: all 2 rewards are 1.0")]
+    assert s.stats.filtered_groups == 1 and s.stats.emitted == 0
+    (g2,) = admit_all(s)
+    finish(s, g2[0], reward=0.0)
+    assert finish(s, g2[1], reward=1.0) == [EmitGroup(g2[0].group_id, 0, 0, (0, 1))]
 
 
 def test_stale_running_groups_are_aborted_and_replaced():
     s = make(alpha=1, b=1, n=2, servers=2)
-    g0 = s.admit(0)  # start_version 0
-    g1 = s.admit(1)
-    assert not s.can_admit()
-    # finish group 1 only; trainer consumes it and advances to version 1: floor = 0, nothing stale yet
+    g0, g1 = admit_all(s)  # both start_version 0
     for d in g1:
-        s.sample_finished(d.group_id, d.sample_index)
-    assert s.version_advanced(1, consumed=1) == []
-    g2 = s.admit(2)  # start_version 1
+        finish(s, d)
+    assert s.version_advanced(1, trained=1, consumed=1) == []  # floor 0: nothing stale
+    (g2,) = admit_all(s)
     assert g2[0].start_version == 1
-    # version 2: floor = 1, group 0 (start 0) can never be trained on -> both samples aborted
-    out = s.version_advanced(2, consumed=1)
-    assert out == [Abort(g0[0].group_id, 0, g0[0].server, "stale: start_version 0 < 1"),
-                   Abort(g0[0].group_id, 1, g0[1].server, "stale: start_version 0 < 1")]
-    assert s.stats.aborted_groups == 1 and s.stats.aborted_samples == 2
-    assert s.outstanding == 1 and s.can_admit()  # the aborted prompt frees its slot
-    # a late completion of an aborted sample is ignored
-    assert s.sample_finished(g0[0].group_id, 0) == []
+    out = s.version_advanced(2, trained=1, consumed=1)  # floor 1: group 0 can never be trained
+    gid = g0[0].group_id
+    assert out == [Abort(gid, 0, g0[0].server, f"{gid}-0-0", "stale: start_version 0 < 1"),
+                   Abort(gid, 1, g0[1].server, f"{gid}-1-0", "stale: start_version 0 < 1"),
+                   DropGroup(gid, "stale")]
+    assert s.stats.aborted_stale_groups == 1 and s.stats.samples_aborted == 2
+    s.check_invariants()
+    assert s.request_finished(gid, 0, 3) == []  # the aborted request's late answer is ignored
 
 
-def test_failed_sample_aborts_its_group():
-    s = make(alpha=0, b=1, n=3, servers=1)
-    ds = s.admit(0)
-    s.sample_finished(ds[0].group_id, 0)
-    out = s.sample_failed(ds[1].group_id, 1)
-    assert out == [Abort(ds[0].group_id, 2, 0, "sample failed")]
-    assert s.stats.failed_samples == 1 and s.stats.aborted_groups == 1
-    assert s.server_load == [0] and s.can_admit()
+def test_failed_sample_with_a_spare_does_not_fail_the_group():
+    s = make(alpha=0, b=1, n=2, servers=1, extra_samples=1)
+    (g,) = admit_all(s)
+    assert s.sample_failed(g[0].group_id, 0) == []
+    finish(s, g[1])
+    out = s.sample_failed(g[0].group_id, 2)  # now only one sample can finish: the group fails
+    assert out == [DropGroup(g[0].group_id, "failed")]
+    assert s.stats.aborted_failed_groups == 1 and s.stats.samples_failed == 2 and s.can_admit()
+    s.check_invariants()
 
 
-def test_version_cannot_go_back():
+def test_unrequested_abort_fails_the_sample():
+    s = make(alpha=0, b=1, n=2, servers=1)
+    (g,) = admit_all(s)
+    out = s.request_finished(g[0].group_id, 0, 2, aborted=True)
+    assert out == [Abort(g[0].group_id, 1, 0, f"{g[0].group_id}-1-0", "failed: too few samples left"),
+                   DropGroup(g[0].group_id, "failed")]
+
+
+def test_partial_rollout_resubmit_continues_with_the_partial_tokens():
+    s = make(alpha=1, b=1, n=1, servers=2, partial_rollout="resubmit")
+    (a,), (b,) = admit_all(s)
+    finish(s, b)
+    out = s.version_advanced(1, trained=1, consumed=1)
+    assert out == [Abort(a.group_id, 0, a.server, a.request_id, "resubmit under version 1", resubmit=True)]
+    cont = s.request_finished(a.group_id, 0, 3, aborted=True)
+    assert cont == [Start(a.group_id, 0, 0, 0, 0, turn=1, context_tokens=7)]  # both idle: lowest index; 4 + 3 tokens
+    assert cont[0].request_id == f"{a.group_id}-0-1"
+    assert s.stats.resubmits == 1 and s.stats.samples_started == 2
+    assert finish(s, cont[0]) == [EmitGroup(a.group_id, 0, 0, (0,))]  # keeps start_version 0
+
+
+def test_continue_mode_leaves_running_requests_alone():
+    s = make(alpha=1, b=1, n=1, servers=1)
+    (a,), (b,) = admit_all(s)
+    finish(s, b)
+    assert s.version_advanced(1, trained=1, consumed=1) == []
+
+
+def test_multi_turn_env_steps_start_the_next_turn_on_the_least_loaded_server():
+    s = make(alpha=0, b=2, n=1, servers=2)
+    (a,), (b,) = admit_all(s)
+    assert s.request_finished(a.group_id, 0, 5) == []
+    nxt = s.env_stepped(a.group_id, 0, observation_tokens=6, done=False)
+    assert nxt == [Start(a.group_id, 0, 0, a.server, 0, turn=1, context_tokens=15)]
+    s.check_invariants()
+    assert s.request_finished(a.group_id, 0, 2) == []
+    assert s.env_stepped(a.group_id, 0, observation_tokens=1, done=True) == []
+    assert s.sample_scored(a.group_id, 0, 1.0) == [EmitGroup(a.group_id, 0, 0, (0,))]
+    assert s.env_failed(b.group_id, 0) == [DropGroup(b.group_id, "failed")]
+    s.check_invariants()
+
+
+def test_version_and_counts_cannot_go_back():
     s = make()
-    s.version_advanced(3, consumed=2)
+    s.version_advanced(3, trained=2, consumed=2)
     with pytest.raises(ValueError, match="must not go back"):
-        s.version_advanced(2, consumed=2)
+        s.version_advanced(2, trained=2, consumed=2)
+    with pytest.raises(ValueError, match="cannot exceed"):
+        s.version_advanced(3, trained=5, consumed=4)
 
 
-def test_bad_arguments():
+def test_bad_arguments_name_the_field():
     with pytest.raises(ValueError, match="async_ratio"):
         make(alpha=-1)
+    with pytest.raises(ValueError, match="group_size"):
+        make(n=0)
+    with pytest.raises(ValueError, match="extra_groups"):
+        make(extra_groups=-1)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_invariants_hold_under_random_event_sequences(seed):
+    """A random driver (finishes, scores, failures, resubmits, env steps, version bumps) never breaks the
+    bookkeeping, never emits a group twice, and never emits a group that its step could not train."""
+    rng = random.Random(seed)
+    s = make(alpha=rng.randint(0, 2), b=rng.randint(1, 3), n=rng.randint(1, 3), servers=rng.randint(1, 3),
+             extra_samples=rng.randint(0, 2), extra_groups=rng.randint(0, 2), dynamic_filter=rng.random() < 0.5,
+             partial_rollout=rng.choice(["continue", "resubmit"]))
+    running: dict[str, Start] = {}
+    awaiting: list[tuple[str, int]] = []
+    emitted: list[EmitGroup] = []
+    trained = consumed = 0
+
+    def apply(out):
+        for d in out:
+            if isinstance(d, Start):
+                running[d.request_id] = d
+            elif isinstance(d, EmitGroup):
+                emitted.append(d)
+
+    for _ in range(400):
+        while s.can_admit():
+            apply(s.offer_prompt(rng.randint(0, 99), rng.randint(2, 6)))
+        roll = rng.random()
+        if running and roll < 0.5:
+            d = running.pop(rng.choice(sorted(running)))
+            aborted = rng.random() < 0.1
+            apply(s.request_finished(d.group_id, d.sample_index, rng.randint(0, 8), aborted))
+            if not aborted:
+                awaiting.append((d.group_id, d.sample_index))
+        elif awaiting and roll < 0.8:
+            gid, i = awaiting.pop(rng.randrange(len(awaiting)))
+            if rng.random() < 0.2:
+                apply(s.env_stepped(gid, i, rng.randint(1, 4), done=False))
+            elif rng.random() < 0.05:
+                apply(s.sample_failed(gid, i))
+            else:
+                apply(s.sample_scored(gid, i, float(rng.randint(0, 1))))
+        elif roll < 0.9:
+            # the trainer publishes between steps: it may drop a written group as stale, or train a full step
+            w = s.cfg.prompts_per_step
+            if s.stats.emitted - consumed >= 1 and rng.random() < 0.2:
+                consumed += 1
+                apply(s.version_advanced(s.version, trained, consumed))
+            elif s.stats.emitted - consumed >= w:
+                consumed += w
+                trained += w
+                apply(s.version_advanced(s.version + 1, trained, consumed))
+        s.check_invariants()
+    assert len({e.group_id for e in emitted}) == len(emitted)
+    assert all(len(e.sample_indices) == s.cfg.group_size for e in emitted)
+
+
+def test_least_tokens_heap_picks_the_same_server_as_a_full_scan():
+    rng = random.Random(5)
+    s = make(alpha=8, b=16, n=3, servers=7, extra_samples=1)
+    running: list[Start] = []
+    for _ in range(300):
+        if s.can_admit() and rng.random() < 0.5:
+            expected = min(range(7), key=lambda k: (s.server_work[k], s.server_requests[k], k))
+            out = s.offer_prompt(0, rng.randint(1, 30))
+            assert out[0].server == expected
+            running += out
+        elif running:
+            d = running.pop(rng.randrange(len(running)))
+            s.request_finished(d.group_id, d.sample_index, rng.randint(0, 9))
+        s.check_invariants()
