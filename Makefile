@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint unit build-model bench clean
+.PHONY: install run test lint unit build-model bench calibrate clean
 
 install: $(STAMP)
 
@@ -43,7 +43,12 @@ test: $(STAMP) lint
 	$(PY) -m pytest -q -rs tests $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(PY) benchmarks/embedded_throughput.py
+	$(PY) benchmarks/async_vs_sync.py
+	$(PY) benchmarks/scaling.py
+	$(PY) benchmarks/ablation.py
+
+calibrate: $(STAMP)
+	$(PY) benchmarks/calibrate_cost_model.py
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

@@ -3,6 +3,8 @@
     asyncrl run configs/default.yaml [--set section.key=value ...]
     asyncrl build-model configs/default.yaml
     asyncrl validate configs/default.yaml [--set ...]    # prints the resolved configuration as JSON
+    asyncrl simulate [--preset gpu-7b] [--set key=value ...] [--json PATH]   # simulated cluster (asyncrl.sim)
+    asyncrl plan --gpus 64 --model-size 7e9 --median-tokens 3000 --max-tokens 32768
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override one field; repeatable")
         s.add_argument("--log-level", default=os.environ.get("ASYNCRL_LOG_LEVEL", "WARNING"))
+    from asyncrl.sim.commands import add_parsers
+
+    add_parsers(sub)
     return p
 
 
@@ -50,6 +55,15 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("asyncrl.models").setLevel(min(logging.INFO, logging.getLogger().level))
     for noisy in ("httpx", "httpcore", "botocore", "urllib3", "mlflow"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    if args.command in ("simulate", "plan"):
+        from asyncrl.sim.commands import run_plan, run_simulate
+
+        try:
+            (run_simulate if args.command == "simulate" else run_plan)(args)
+        except ValueError as err:
+            print(f"asyncrl {args.command}: {err}", file=sys.stderr)
+            sys.exit(2)
+        return
     cfg = _load(args)
     if args.command == "validate":
         print(json.dumps(cfg.model_dump(mode="json"), indent=2))

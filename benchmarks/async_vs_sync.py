@@ -1,12 +1,13 @@
-"""Side-by-side throughput of embedded runs: async against sync, one generation server against two.
+"""The real system on this machine, side by side: synchronous against asynchronous (α = 1, 2) rollout.
 
-Each variant is a real `asyncrl run` (vLLM, DeepSpeed, SeaweedFS, MLflow) of the same config with a few
-overrides, one after another on this machine. Prints a table and the ratios against the first variant, and writes
-everything to a JSON file.
+Each variant is a real `asyncrl run` (vLLM, DeepSpeed, SeaweedFS, MLflow) of the same config and workload
+(configs/bench_longtail.yaml: long-tailed decode lengths) with a few overrides, one after another. Reports
+steady-state samples/s and time per training step (every step but the first, which fills the pipeline), their
+ratios against the first variant, staleness and drops; prints a table and writes JSON.
 
-    .venv/bin/python benchmarks/embedded_throughput.py                       # async vs sync, 1 vs 2 servers
-    .venv/bin/python benchmarks/embedded_throughput.py --steps 10 \
-        --variant sync:rollout.async_ratio=0 --variant async:rollout.async_ratio=1
+    .venv/bin/python benchmarks/async_vs_sync.py                 # sync, async α=1, async α=2
+    .venv/bin/python benchmarks/async_vs_sync.py --steps 8 --variant sync:rollout.mode=sync \
+        --variant redundant:rollout.extra_groups=8 --out benchmarks/results/ablation_real.json
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_VARIANTS = [
-    "sync_1server:rollout.async_ratio=0,generation.num_servers=1",
-    "async_1server:rollout.async_ratio=1,generation.num_servers=1",
-    "async_2servers:rollout.async_ratio=1,generation.num_servers=2",
+    "sync:rollout.mode=sync",
+    "async_a1:rollout.async_ratio=1",
+    "async_a2:rollout.async_ratio=2",
 ]
 
 
@@ -45,10 +46,10 @@ def run_variant(name: str, overrides: list[str], args: argparse.Namespace, runs_
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=str(ROOT / "configs/default.yaml"))
-    p.add_argument("--steps", type=int, default=15)
+    p.add_argument("--config", default=str(ROOT / "configs/bench_longtail.yaml"))
+    p.add_argument("--steps", type=int, default=12)
     p.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]")
-    p.add_argument("--out", default=str(ROOT / "benchmarks/results/embedded_throughput.json"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks/results/async_vs_sync.json"))
     p.add_argument("--runs-dir", default=str(ROOT / "runs/bench"))
     args = p.parse_args()
     variants = args.variant or DEFAULT_VARIANTS
@@ -58,18 +59,22 @@ def main() -> None:
         name, _, rest = v.partition(":")
         overrides = [o for o in rest.split(",") if o]
         s = run_variant(name, overrides, args, runs_dir)
-        results.append({"name": name, "overrides": overrides, "samples_per_s": s["samples_per_s"],
+        results.append({"name": name, "overrides": overrides, "samples_per_s": s["steady_samples_per_s"],
+                        "step_s": s["steady_step_s"], "all_steps_samples_per_s": s["samples_per_s"],
                         "train_wall_s": s["train_wall_s"], "staleness_mean": s["staleness_mean"],
                         "staleness_max": s["staleness_max"], "samples_trained": s["samples_trained"],
                         "samples_dropped_stale": s["samples_dropped_stale"], "run_id": s["run_id"]})
-    base = results[0]["samples_per_s"]
-    print(f"\n{'variant':<18}{'samples/s':>11}{'ratio':>8}{'train s':>9}{'stale mean/max':>16}{'dropped':>9}")
+    base, base_step = results[0]["samples_per_s"], results[0]["step_s"]
+    print(f"\n{'variant':<14}{'samples/s':>11}{'ratio':>8}{'step s':>9}{'step ratio':>12}{'stale mean/max':>16}"
+          f"{'dropped':>9}")
     for r in results:
         r["ratio_vs_first"] = r["samples_per_s"] / base if base else None
-        print(f"{r['name']:<18}{r['samples_per_s']:>11.2f}{r['ratio_vs_first']:>8.2f}{r['train_wall_s']:>9.1f}"
-              f"{r['staleness_mean']:>11.2f}/{r['staleness_max']:<4}{r['samples_dropped_stale']:>9}")
+        r["step_time_ratio_vs_first"] = r["step_s"] / base_step if base_step else None
+        print(f"{r['name']:<14}{r['samples_per_s']:>11.2f}{r['ratio_vs_first']:>8.2f}{r['step_s']:>9.2f}"
+              f"{r['step_time_ratio_vs_first']:>12.2f}{r['staleness_mean']:>11.2f}/{r['staleness_max']:<4}"
+              f"{r['samples_dropped_stale']:>9}")
     config = Path(args.config).resolve()
-    out = {"benchmark": "embedded_throughput",
+    out = {"benchmark": "async_vs_sync",
            "config": str(config.relative_to(ROOT)) if config.is_relative_to(ROOT) else str(config), "steps": args.steps,
            "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
            "results": results}

@@ -1,0 +1,117 @@
+"""The report of one simulated run: throughput, GPU busy fractions, staleness, drops, and the §6 bound.
+
+Measured over the window after the warm-up steps. §6 quantities (worker = one generation server's GPUs; K = all
+GPUs of the job in workers, training ones included, as in the β split of §6):
+- μ_gen = generation worker-seconds (server busy time) per sample generated in the window;
+- μ_train = training worker-seconds per trained sample and epoch;
+- L_gen = the longest sample generation latency (first request → scored) in the window;
+- bound = `(N/K)(μ_gen + E·μ_train) + L_gen/(α+1)`; `bound_share` = simulated mean step time / bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.sim.theory import async_step_bound, best_train_share, max_speedup
+
+if TYPE_CHECKING:
+    from asyncrl.sim.simulator import Simulator
+
+__all__ = ["SimResult", "build_result", "format_table"]
+
+
+@dataclass
+class SimResult:
+    mode: str
+    gpus: int
+    servers: int
+    train_gpus: int
+    alpha: int
+    train_share: float
+    samples_per_step: int
+    steps: int
+    sim_time_s: float
+    mean_step_s: float
+    samples_per_s: float
+    tokens_per_s: float
+    gen_busy: float
+    train_busy: float
+    staleness_mean: float
+    staleness_max: int
+    staleness_hist: dict[int, int]
+    dropped_stale: int
+    aborted_groups: int
+    aborted_stale_groups: int
+    aborted_surpassed_groups: int
+    aborted_failed_groups: int
+    filtered_groups: int
+    samples_aborted: int
+    failed_requests: int
+    resubmits: int
+    mu_gen_s: float
+    l_gen_s: float
+    mu_train_s: float
+    bound_step_s: float
+    bound_share: float
+    max_speedup_bound: float
+    beta_star: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["staleness_hist"] = {str(k): v for k, v in sorted(self.staleness_hist.items())}
+        return d
+
+
+def build_result(sim: Simulator) -> SimResult:
+    cfg, cost, s = sim.cfg, sim.cost, sim.sched.stats
+    w0 = sim.window
+    measured = sim.step_samples[cfg.warmup_steps:]
+    span = max(1e-12, sim.now - w0["t"])
+    n_steps = len(measured)
+    samples = sum(m[0] for m in measured)
+    generated = sum(m[2] for m in measured)
+    gen_busy_s = sum(x.busy_s for x in sim.servers) - w0["gen_busy_s"]
+    train_busy_s = sim.train_busy_s - w0["train_busy_s"]
+    lat = sim.latencies[int(w0["latencies"]):] or sim.latencies or [0.0]
+    per_worker = cost.gpus_per_server
+    k_workers = max(1, cfg.gpus // per_worker)
+    n = cfg.prompts_per_step * cfg.group_size
+    mu_gen = gen_busy_s / max(1, len(lat))
+    mu_train = train_busy_s * sim.train_gpus / per_worker / max(1, samples) / cost.epochs
+    l_gen = max(lat)
+    mean_step = span / max(1, n_steps)
+    bound = async_step_bound(n, k_workers, mu_gen, l_gen, mu_train, cfg.alpha, cost.epochs)
+    total = sum(sim.staleness.values())
+    return SimResult(
+        mode=cfg.mode, gpus=cfg.gpus, servers=len(sim.servers), train_gpus=sim.train_gpus, alpha=cfg.alpha,
+        train_share=sim.train_gpus / cfg.gpus if cfg.mode == "async" else 1.0, samples_per_step=n,
+        steps=len(sim.step_ends), sim_time_s=sim.now, mean_step_s=mean_step, samples_per_s=samples / span,
+        tokens_per_s=generated / span, gen_busy=gen_busy_s / (span * len(sim.servers)),
+        train_busy=train_busy_s / span,
+        staleness_mean=sum(k * v for k, v in sim.staleness.items()) / max(1, total),
+        staleness_max=max(sim.staleness, default=0), staleness_hist=dict(sim.staleness),
+        dropped_stale=sim.dropped_stale, aborted_groups=s.aborted_groups, aborted_stale_groups=s.aborted_stale_groups,
+        aborted_surpassed_groups=s.aborted_surpassed_groups, aborted_failed_groups=s.aborted_failed_groups,
+        filtered_groups=s.filtered_groups, samples_aborted=s.samples_aborted, failed_requests=sim.failed_requests,
+        resubmits=s.resubmits, mu_gen_s=mu_gen, l_gen_s=l_gen, mu_train_s=mu_train, bound_step_s=bound,
+        bound_share=mean_step / bound if bound > 0 else 0.0,
+        max_speedup_bound=max_speedup(n, k_workers, mu_gen, l_gen, mu_train, cost.epochs),
+        beta_star=best_train_share(n, k_workers, mu_gen, l_gen, mu_train, cfg.alpha, cost.epochs))
+
+
+COLUMNS = [("mode", "{}"), ("gpus", "{}"), ("servers", "{}"), ("train_gpus", "{}"), ("alpha", "{}"),
+           ("mean_step_s", "{:.2f}"), ("samples_per_s", "{:.2f}"), ("tokens_per_s", "{:.0f}"), ("gen_busy", "{:.2f}"),
+           ("train_busy", "{:.2f}"), ("staleness_mean", "{:.2f}"), ("staleness_max", "{}"),
+           ("dropped_stale", "{}"), ("aborted_groups", "{}"), ("bound_step_s", "{:.2f}"), ("bound_share", "{:.2f}")]
+
+
+def format_table(rows: list[dict[str, Any]], columns: list[tuple[str, str]] | None = None) -> str:
+    """A fixed-width text table of result dicts (missing cells print as '-')."""
+    cols = columns or COLUMNS
+    cells = [[name for name, _ in cols]]
+    for r in rows:
+        cells.append([fmt.format(r[name]) if name in r and r[name] is not None else "-" for name, fmt in cols])
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells)
