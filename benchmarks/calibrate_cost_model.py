@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPT = [1, 10, 11, 12, 13, 14]  # BOS + 5 characters, like an arithmetic prompt
+PROMPT = [1, 5, 6, 7, 8, 9]  # BOS + 5 characters, like an arithmetic prompt
 
 
 def lstsq(rows: list[list[float]], ys: list[float]) -> list[float]:
@@ -75,7 +75,7 @@ def measure_train(model: str, shapes: list[tuple[int, int]], repeats: int) -> li
             groups = []
             for g in range(samples // 8):
                 groups.append(Group(f"g{g}", g, "arithmetic", [
-                    Sample(f"g{g}", i, PROMPT, [20 + (i + k) % 10 for k in range(resp)], [-1.0] * resp, [0] * resp, 0,
+                    Sample(f"g{g}", i, PROMPT, [3 + (i + k) % 10 for k in range(resp)], [-1.0] * resp, [0] * resp, 0,
                            reward=float(i % 2)) for i in range(8)]))
             batch = build_batch(groups, norm_std=True, pad_id=0)
             trainer.train_step(batch, micro_batch_size=32)  # warm-up
@@ -100,7 +100,7 @@ def main() -> None:
     from asyncrl.config import load_config
     from asyncrl.models.tiny import resolve_model_path
 
-    model = resolve_model_path(load_config(str(ROOT / "configs/bench_longtail.yaml"), []))
+    model = str(resolve_model_path(load_config(str(ROOT / "configs/bench_longtail.yaml"), [])))
     decode = asyncio.run(measure_decode(model, [1, 16, 64, 256], [16, 48]))
     rows = [[1.0, d["batch"], d["batch"] * (len(PROMPT) + d["length"] / 2)] for d in decode]
     a, b, c = lstsq(rows, [d["step_s"] for d in decode])
