@@ -74,8 +74,12 @@ def test_s3_holds_groups_checkpoint_and_matching_checksums(finished_run, monkeyp
         reader = GroupReader(store, paths)
         groups = reader.poll()
         assert len(groups) >= cfg.training.steps * cfg.rollout.prompts_per_step
+        eos = 2
         for _, _, g in groups:
-            assert len(g.samples) == cfg.rollout.samples_per_prompt
+            assert len(g.samples) == cfg.rollout.samples_per_prompt  # the redundant sample was aborted or dropped
+            for smp in g.samples:  # length-tailed decoding: trained only up to the first EOS
+                cut = smp.token_ids.index(eos) + 1 if eos in smp.token_ids else len(smp.token_ids)
+                assert smp.mask() == [1] * cut + [0] * (len(smp.token_ids) - cut)
         assert latest_committed_version(store, paths) == cfg.training.steps
         latest = store.get_json(paths.versions_latest())
         assert latest["version"] == cfg.training.steps
@@ -98,6 +102,17 @@ def test_mlflow_has_step_metrics(finished_run):
         history = client.get_metric_history(run.info.run_id, name)
         assert [m.step for m in history] == list(range(1, cfg.training.steps + 1)), name
     assert all(m.value <= cfg.rollout.async_ratio for m in client.get_metric_history(run.info.run_id, "staleness/max"))
+    hist = [sorted(client.get_metric_history(run.info.run_id, f"staleness/hist_{lag}"), key=lambda m: m.step)
+            for lag in (0, 1)]
+    for step in range(cfg.training.steps):  # the histogram counts every trained sample
+        assert sum(h[step].value for h in hist) == cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    for name in ("rollout/admitted_groups", "rollout/requests_in_flight", "rollout/aborted_redundant_groups",
+                 "rollout/aborted_samples", "rollout/dropped_samples"):
+        assert len(client.get_metric_history(run.info.run_id, name)) == cfg.training.steps, name
+    admitted = sorted(client.get_metric_history(run.info.run_id, "rollout/admitted_groups"), key=lambda m: m.step)
+    assert admitted[-1].value >= cfg.training.steps * cfg.rollout.prompts_per_step - cfg.rollout.prompts_per_step
+    busy = client.get_metric_history(run.info.run_id, "rollout/env0/server0/busy_fraction")
+    assert busy and all(0.0 <= m.value <= 1.0 for m in busy)
     assert run.data.params["rollout.async_ratio"] == str(cfg.rollout.async_ratio)
 
 
