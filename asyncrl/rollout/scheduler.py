@@ -260,8 +260,7 @@ class RolloutScheduler:
     def env_stepped(self, group_id: str, sample_index: int, observation_tokens: int, done: bool) -> list[Decision]:
         """The environment answered an action. Not done: the next turn starts (`Start` with turn + 1) on the
         least-loaded server; done: the sample awaits its score."""
-        group = self._groups.get(group_id)
-        sample = group.samples.get(sample_index) if group else None
+        group, sample = self._lookup(group_id, sample_index)
         if group is None or sample is None or sample.state != "awaiting":
             return []
         sample.context_tokens += observation_tokens
@@ -272,8 +271,7 @@ class RolloutScheduler:
     def sample_failed(self, group_id: str, sample_index: int) -> list[Decision]:
         """A request, an environment step or a score failed: the sample fails; if the group can no longer
         reach n finished samples, it is aborted (and replaced by admission)."""
-        group = self._groups.get(group_id)
-        sample = group.samples.get(sample_index) if group else None
+        group, sample = self._lookup(group_id, sample_index)
         if group is None or sample is None or sample.state in ("finished", "failed"):
             return []
         if sample.request is not None:
@@ -286,8 +284,7 @@ class RolloutScheduler:
     def sample_scored(self, group_id: str, sample_index: int, reward: float) -> list[Decision]:
         """A sample's reward is known: it is finished. The group completes with its first n finished samples;
         its other samples are aborted (running) or dropped (awaiting)."""
-        group = self._groups.get(group_id)
-        sample = group.samples.get(sample_index) if group else None
+        group, sample = self._lookup(group_id, sample_index)
         if group is None or sample is None or sample.state != "awaiting":
             return []
         sample.state, sample.reward = "finished", reward
@@ -344,9 +341,13 @@ class RolloutScheduler:
         return decisions
 
     # ---- internals --------------------------------------------------------------------------------------------
-    def _running(self, group_id: str, sample_index: int) -> tuple[_Group | None, _Sample | None]:
+    def _lookup(self, group_id: str, sample_index: int) -> tuple[_Group | None, _Sample | None]:
+        """The live group and its sample; (group or None, None) when either is gone."""
         group = self._groups.get(group_id)
-        sample = group.samples.get(sample_index) if group else None
+        return group, (group.samples.get(sample_index) if group else None)
+
+    def _running(self, group_id: str, sample_index: int) -> tuple[_Group | None, _Sample | None]:
+        group, sample = self._lookup(group_id, sample_index)
         if sample is None or sample.request is None:
             return None, None
         return group, sample
