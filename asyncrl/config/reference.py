@@ -30,12 +30,27 @@ def _default(field: Any) -> str:
     return "`" + ("\"\"" if value == "" else repr(value) if not isinstance(value, str) else value) + "`"
 
 
+def _optional_section(annotation: Any) -> type[BaseModel] | None:
+    """The section class of an `XConfig | None` field, else None."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    if len(args) == 1 and len(get_args(annotation)) == 2 and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+        return args[0]
+    return None
+
+
 def _rows(model: type[BaseModel], prefix: str) -> list[str]:
     rows: list[str] = []
     for name, field in model.model_fields.items():
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             rows += _rows(ann, f"{prefix}{name}.")
+            continue
+        section = _optional_section(ann)
+        if section is not None:
+            desc = (field.description or "").replace("|", "\\|")
+            rows.append(f"| `{prefix}{name}` | section or null | `null` (off) |  | {desc} Set it (`{{}}` for the "
+                        "defaults below) to turn it on. |")
+            rows += _rows(section, f"{prefix}{name}.")
             continue
         bounds = [f"{symbol} {getattr(m, attr)}" for m in field.metadata for attr, symbol in _BOUNDS
                   if hasattr(m, attr)]

@@ -133,6 +133,58 @@ class GenerationConfig(_Section):
 LossName = Literal["ppo", "decoupled_ppo", "tis", "cispo", "topr"]
 
 
+class CriticConfig(_Section):
+    """The value model(s) of `training.advantage: gae` (ALGORITHMS.md §2, §4): a causal LM with a scalar head,
+    trained with MSE to the GAE returns, with its own optimizer; checkpointed with the actor."""
+
+    model_path: str = Field("", description="Critic model folder (a causal LM). Empty: the actor's model.")
+    lr: float = Field(5e-4, gt=0, le=1.0, description="The critics' own AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    micro_batch_size: int | None = Field(None, ge=1, description="Samples per critic forward/backward "
+                                         "(empty: training.micro_batch_size).")
+    warmup_steps: int | None = Field(None, ge=0, description="First steps that train only the critics (the actor "
+                                     "is not updated). Empty: 10 with AsyPPO, 0 otherwise.")
+
+
+class AsyPPOConfig(_Section):
+    """AsyPPO (ALGORITHMS.md §4): M mini-critics on disjoint shares of each group; their mean value feeds GAE, their
+    disagreement masks advantages and filters the entropy bonus."""
+
+    num_critics: int = Field(2, ge=2, le=8, description="M mini-critics.")
+    adv_mask_k: float = Field(0.2, ge=0, lt=1, description="Share of response tokens with the lowest critic "
+                              "disagreement whose advantage is set to 0.")
+    ent_filter_h: float = Field(0.2, ge=0, le=1, description="Share of response tokens with the highest critic "
+                                "disagreement that get no entropy bonus.")
+    ent_coef: float = Field(0.001, ge=0, le=1, description="β: the entropy bonus of the AsyPPO objective.")
+
+
+class AttentionCreditConfig(_Section):
+    """Attention-guided credit (ALGORITHMS.md §5): scale each token's advantage by γ_t from the policy's own
+    attention (preplan tokens by WAAD jumps, anchor tokens by future attention influence)."""
+
+    scaling: Literal["local", "global", "coupled"] = Field("coupled", description="Which tokens are amplified.")
+    num_layers: int = Field(5, ge=1, le=64, description="Layers whose attention is kept, spread over the middle third.")
+    head_fraction: float = Field(0.3, gt=0, le=0.5, description="Bottom/top share of heads by span: local/global heads.")
+    window: int = Field(10, ge=1, le=4096, description="W of WAAD.")
+    fai_h_lo: int = Field(10, ge=1, le=65536, description="FAI horizon start H_lo.")
+    fai_h_hi: int = Field(100, ge=1, le=65536, description="FAI horizon end H_hi.")
+    top_fraction: float = Field(0.4, gt=0, le=1, description="q: share of a response's tokens chosen as preplan / anchor.")
+    gamma_amp: float = Field(1.5, ge=1, le=10, description="γ_amp: the amplification of chosen tokens.")
+    alpha_c: float = Field(0.5, ge=0, le=1, description="α_c: share of a dominated anchor's credit moved to its "
+                           "introducing token.")
+    intro_k: int = Field(3, ge=1, le=1024, description="k: how far back an anchor's introducing token is looked for.")
+    positive_only: bool = Field(False, description="Scale only positive advantages.")
+    row_chunk: int = Field(256, ge=1, description="Attention rows computed at a time (memory bound of the capture).")
+
+    @model_validator(mode="after")
+    def _check_horizon(self) -> AttentionCreditConfig:
+        if self.fai_h_hi < self.fai_h_lo:
+            raise ValueError(f"training.attention_credit.fai_h_hi: expected >= fai_h_lo ({self.fai_h_lo}), "
+                             f"got {self.fai_h_hi}")
+        return self
+
+
 class TrainingConfig(_Section):
     steps: int = Field(20, ge=1, description="Training steps (policy versions) of the run.")
     lr: float = Field(1e-4, gt=0, le=1.0)
@@ -153,6 +205,13 @@ class TrainingConfig(_Section):
     topr_pos_weight: float = Field(1.0, ge=0)
     topr_neg_weight: float = Field(1.0, ge=0)
     norm_std: bool = Field(True, description="GRPO std normalisation; false gives Dr.GRPO.")
+    advantage: Literal["grpo", "gae"] = Field("grpo", description="Advantage estimator: group-normalised rewards, "
+                                              "or GAE on a critic's values (ALGORITHMS.md §2).")
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount γ.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE λ.")
+    critic: CriticConfig = CriticConfig()
+    asyppo: AsyPPOConfig | None = Field(None, description="AsyPPO mini-critics (needs advantage: gae).")
+    attention_credit: AttentionCreditConfig | None = Field(None, description="Attention-guided credit assignment.")
     aggregation: Literal["seq-mean-token-mean", "token-mean"] = "seq-mean-token-mean"
     kl_coef: float = Field(0.0, ge=0)
     ent_coef: float = Field(0.0, ge=0)
@@ -168,7 +227,33 @@ class TrainingConfig(_Section):
             lo, hi = self.w_mask
             if not 0 <= lo < 1 < hi:
                 raise ValueError(f"training.w_mask: expected [lo, hi] with 0 <= lo < 1 < hi, got {list(self.w_mask)}")
+        if self.asyppo is not None:
+            if self.advantage != "gae":
+                raise ValueError(f"training.asyppo: needs training.advantage 'gae' (the mini-critics' mean value "
+                                 f"feeds GAE), got {self.advantage!r}")
+            if self.ent_coef > 0:
+                raise ValueError("training.ent_coef: expected 0 with AsyPPO, whose entropy bonus is "
+                                 f"training.asyppo.ent_coef; got {self.ent_coef}")
+        if self.critic.warmup_steps is not None and self.advantage == "gae" and self.critic.warmup_steps >= self.steps:
+            raise ValueError(f"training.critic.warmup_steps: expected fewer than training.steps ({self.steps}), "
+                             f"got {self.critic.warmup_steps}")
         return self
+
+    @property
+    def num_critics(self) -> int:
+        """Value models to train: 0 with GRPO, M with AsyPPO, else 1."""
+        if self.advantage != "gae":
+            return 0
+        return self.asyppo.num_critics if self.asyppo is not None else 1
+
+    @property
+    def critic_warmup_steps(self) -> int:
+        """Steps that train only the critics: the configured value, else 10 with AsyPPO and 0 otherwise."""
+        if self.advantage != "gae":
+            return 0
+        if self.critic.warmup_steps is not None:
+            return self.critic.warmup_steps
+        return min(10, self.steps - 1) if self.asyppo is not None else 0
 
 
 class StorageConfig(_Section):
@@ -236,6 +321,11 @@ class RunConfig(_Section):
             raise ValueError(
                 f"rollout.length_tail.median_tokens: expected <= rollout.max_new_tokens ({ro.max_new_tokens}), "
                 f"got {ro.length_tail.median_tokens}"
+            )
+        if tr.asyppo is not None and tr.asyppo.num_critics > ro.samples_per_prompt:
+            raise ValueError(
+                f"training.asyppo.num_critics: expected <= rollout.samples_per_prompt ({ro.samples_per_prompt}), each "
+                f"critic trains on its own share of every group; got {tr.asyppo.num_critics}"
             )
         if ro.prompts_per_step % ro.num_writers:
             raise ValueError(

@@ -137,38 +137,103 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return torch.exp(d) - d - 1.0
 
 
-def aggregate(values: Tensor, mask: Tensor, mode: str, denom: float | None = None) -> Tensor:
-    """Aggregate per-token values [S, T] over `mask`.
+def aggregate(token_loss: Tensor, mask: Tensor, mode: str, denom: float | None = None) -> Tensor:
+    """Aggregate per-token values [S, T] over `mask` (public API).
 
     "seq-mean-token-mean": `Σ_i (Σ_t v_it m_it / Σ_t m_it) / denom`, denom defaulting to the number of
     samples with at least one token. "token-mean": `Σ_it v_it m_it / denom`, denom defaulting to Σ m.
     """
-    mask = mask.to(values.dtype)
+    mask = mask.to(token_loss.dtype)
     if mode == "token-mean":
         d = denom if denom is not None else mask.sum().clamp(min=1.0)
-        return (values * mask).sum() / d
+        return (token_loss * mask).sum() / d
     if mode == "seq-mean-token-mean":
         lengths = mask.sum(-1)
-        per_seq = (values * mask).sum(-1) / lengths.clamp(min=1.0)
+        per_seq = (token_loss * mask).sum(-1) / lengths.clamp(min=1.0)
         d = denom if denom is not None else (lengths > 0).sum().clamp(min=1)
         return per_seq.sum() / d
     raise ValueError(f"training.aggregation: expected 'seq-mean-token-mean' or 'token-mean', got {mode!r}")
 
 
-def _token_loss(cfg: TrainingConfig, logp: Tensor, prox: Tensor, behav: Tensor, adv: Tensor, positive: Tensor) -> TokenLoss:
-    if cfg.loss == "ppo":
-        return ppo_token_loss(logp, prox, adv, cfg.clip_low, cfg.clip_high, cfg.dual_clip)
-    if cfg.loss == "decoupled_ppo":
+# The knobs of each variant, by their ALGORITHMS.md names, with their defaults.
+LOSS_PARAMS: dict[str, dict[str, object]] = {
+    "ppo": {"clip_low": 0.2, "clip_high": 0.2, "dual_clip": None},
+    "decoupled_ppo": {"clip_low": 0.2, "clip_high": 0.2, "dual_clip": None, "w_max": 2.0, "w_mask": None},
+    "tis": {"tis_cap": 2.0},
+    "cispo": {"eps_low": 0.1, "eps_high": 0.1, "unified_mask": False},
+    "topr": {"pos_weight": 1.0, "neg_weight": 1.0},
+}
+
+
+def loss_params(cfg: TrainingConfig) -> dict[str, object]:
+    """The knobs of `cfg.loss` from the run config, by their ALGORITHMS.md names."""
+    every = {
+        "clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "dual_clip": cfg.dual_clip, "w_max": cfg.w_max,
+        "w_mask": cfg.w_mask, "tis_cap": cfg.tis_cap, "eps_low": cfg.cispo_eps_low, "eps_high": cfg.cispo_eps_high,
+        "unified_mask": cfg.cispo_unified_mask, "pos_weight": cfg.topr_pos_weight, "neg_weight": cfg.topr_neg_weight,
+    }
+    return {k: every[k] for k in LOSS_PARAMS[cfg.loss]}
+
+
+def variant_token_loss(
+    variant: str, logp: Tensor, prox: Tensor, behav: Tensor, adv: Tensor, positive: Tensor, **params: object
+) -> TokenLoss:
+    """ℓ_t of `variant` with its diagnostics, on every position (callers mask). `positive` [S, T] bool marks tokens of
+    samples with reward > 0 (topr). `params` must be knobs of `variant` (see `LOSS_PARAMS`); the rest default."""
+    if variant not in LOSS_PARAMS:
+        raise ValueError(f"loss variant: expected one of {sorted(LOSS_PARAMS)}, got {variant!r}")
+    unknown = sorted(set(params) - set(LOSS_PARAMS[variant]))
+    if unknown:
+        raise ValueError(f"loss {variant!r}: unknown parameter(s) {unknown}; it takes {sorted(LOSS_PARAMS[variant])}")
+    p: dict = {**LOSS_PARAMS[variant], **params}
+    if variant == "ppo":
+        return ppo_token_loss(logp, prox, adv, p["clip_low"], p["clip_high"], p["dual_clip"])
+    if variant == "decoupled_ppo":
         return decoupled_ppo_token_loss(
-            logp, prox, behav, adv, cfg.clip_low, cfg.clip_high, cfg.w_max, cfg.w_mask, cfg.dual_clip
+            logp, prox, behav, adv, p["clip_low"], p["clip_high"], p["w_max"], p["w_mask"], p["dual_clip"]
         )
-    if cfg.loss == "tis":
-        return tis_token_loss(logp, behav, adv, cfg.tis_cap)
-    if cfg.loss == "cispo":
-        return cispo_token_loss(logp, behav, adv, cfg.cispo_eps_low, cfg.cispo_eps_high, cfg.cispo_unified_mask)
-    if cfg.loss == "topr":
-        return topr_token_loss(logp, behav, adv, positive, cfg.topr_pos_weight, cfg.topr_neg_weight)
-    raise ValueError(f"training.loss: unknown loss {cfg.loss!r}")
+    if variant == "tis":
+        return tis_token_loss(logp, behav, adv, p["tis_cap"])
+    if variant == "cispo":
+        return cispo_token_loss(logp, behav, adv, p["eps_low"], p["eps_high"], p["unified_mask"])
+    return topr_token_loss(logp, behav, adv, positive, p["pos_weight"], p["neg_weight"])
+
+
+def per_token_loss(
+    variant: str,
+    logp: Tensor,
+    prox_logp: Tensor,
+    behav_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    rewards: Tensor | None = None,
+    **params: object,
+) -> Tensor:
+    """ℓ_t of the policy loss `variant` for every token, 0 where `mask` is 0, before aggregation (public API).
+
+    `logp` carries the gradient; `prox_logp`, `behav_logp` and `advantages` are detached here, and every importance
+    weight is a stop-gradient, so gradients flow only through the `logp` (and r) terms of ALGORITHMS.md §3.
+    `rewards` is the sample's reward broadcast to its tokens (same shape as `logp`; topr splits on reward > 0,
+    required for topr). `params` are the variant's knobs by their ALGORITHMS.md names (`LOSS_PARAMS`); an unknown
+    name is an error. Masked positions may hold anything (inf, nan): they never reach the loss or its gradient.
+    """
+    shape = logp.shape
+    for name, t in (("prox_logp", prox_logp), ("behav_logp", behav_logp), ("advantages", advantages), ("mask", mask)):
+        if t.shape != shape:
+            raise ValueError(f"per_token_loss: {name} expected shape {tuple(shape)}, got {tuple(t.shape)}")
+    if variant == "topr" and rewards is None:
+        raise ValueError("per_token_loss: topr needs rewards (the sample's reward broadcast to its tokens)")
+    if rewards is not None and rewards.shape != shape:
+        raise ValueError(f"per_token_loss: rewards expected shape {tuple(shape)}, got {tuple(rewards.shape)}")
+    m = mask.bool()
+    zero = torch.zeros_like(logp)
+    logp = torch.where(m, logp, zero)
+    prox = torch.where(m, prox_logp.detach(), zero)
+    behav = torch.where(m, behav_logp.detach(), zero)
+    adv = torch.where(m, advantages.detach(), zero)
+    positive = (rewards > 0) & m if rewards is not None else torch.zeros_like(m)
+    tok = variant_token_loss(variant, logp, prox, behav, adv, positive, **params)
+    return torch.where(m, tok.loss, zero)
 
 
 def policy_loss(
@@ -183,10 +248,13 @@ def policy_loss(
     entropy: Tensor | None = None,
     num_samples: float | None = None,
     num_tokens: float | None = None,
+    ent_mask: Tensor | None = None,
+    ent_coef: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The loss of `cfg.loss`: `agg(ℓ_t·m_t) + kl_coef·agg(KL_k3) − ent_coef·agg(H_t)`, and its metrics.
 
-    All per-token tensors are [S, T]; `rewards` is per sample [S] or per token [S, T] (topr splits
+    `ent_mask` [S, T] (AsyPPO's entropy filter) keeps the bonus only where it is 1, and `ent_coef` overrides
+    `cfg.ent_coef`. All per-token tensors are [S, T]; `rewards` is per sample [S] or per token [S, T] (topr splits
     positive/negative by reward > 0). `num_samples` / `num_tokens` are the aggregation denominators of
     the whole batch (for micro batches); by default those of this call. Metrics are means over this
     call's masked tokens except `*_max` (max) and `tokens` (count); merge micro batches with
@@ -204,7 +272,7 @@ def policy_loss(
     behav = torch.where(m, behav.detach(), zero)
     adv = torch.where(m, adv.detach(), zero)
     positive = (rewards > 0) if rewards.dim() == 2 else (rewards > 0).unsqueeze(-1).expand(shape)
-    tok = _token_loss(cfg, logp, prox, behav, adv, positive)
+    tok = variant_token_loss(cfg.loss, logp, prox, behav, adv, positive, **loss_params(cfg))
     denom = num_tokens if cfg.aggregation == "token-mean" else num_samples
     pg = aggregate(tok.loss, m, cfg.aggregation, denom)
     loss = pg
@@ -217,8 +285,10 @@ def policy_loss(
         metrics["kl_ref"] = _masked_mean(kl.detach(), m)
     if entropy is not None:
         ent = torch.where(m, entropy, zero)
-        if cfg.ent_coef > 0:
-            loss = loss - cfg.ent_coef * aggregate(ent, m, cfg.aggregation, denom)
+        coef = cfg.ent_coef if ent_coef is None else ent_coef
+        if coef > 0:
+            bonus = ent if ent_mask is None else ent * ent_mask.detach().to(ent.dtype)
+            loss = loss - coef * aggregate(bonus, m, cfg.aggregation, denom)
         metrics["entropy"] = _masked_mean(ent.detach(), m)
     with torch.no_grad():
         log_r = logp.detach() - prox

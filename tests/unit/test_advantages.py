@@ -69,3 +69,38 @@ def test_gae_batched_with_padding() -> None:
     assert torch.allclose(ret, torch.tensor([[0.725, 0.85, 1.0], [0.7, 1.0, 0.0]]), atol=1e-6)
     with pytest.raises(ValueError, match="values"):
         gae(rewards, values[:, :2])
+
+
+def test_grpo_flat_batch_with_interleaved_groups() -> None:
+    from asyncrl.training.advantages import grpo
+
+    # group "a" = rows 0, 2 (rewards 1, 0), group "b" = rows 1, 3, 4 (2, 4, 9), group "c" = row 5 alone
+    rewards = torch.tensor([1.0, 2.0, 0.0, 4.0, 9.0, 3.0])
+    a = grpo(rewards, ["a", "b", "a", "b", "b", "c"])
+    sa, sb = math.sqrt(0.5) + 1e-6, math.sqrt(13) + 1e-6
+    assert torch.allclose(a, torch.tensor([0.5 / sa, -3 / sb, -0.5 / sa, -1 / sb, 4 / sb, 0.0]), atol=1e-6)
+    dr = grpo(rewards, torch.tensor([0, 1, 0, 1, 1, 2]), norm_std=False)
+    assert torch.allclose(dr, torch.tensor([0.5, -3.0, -0.5, -1.0, 4.0, 0.0]))
+    with pytest.raises(ValueError, match="group_ids"):
+        grpo(rewards, [0, 1])
+
+
+def test_outcome_token_rewards_on_last_valid_token() -> None:
+    from asyncrl.training.advantages import outcome_token_rewards
+
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 1.0, 1.0]])
+    out = outcome_token_rewards(torch.tensor([1.0, 5.0, -2.0]), mask)
+    assert torch.equal(out, torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.0] * 4, [0.0, 0.0, 0.0, -2.0]]))
+
+
+def test_gae_skips_masked_positions_inside_a_row() -> None:
+    # Valid tokens at 0, 2, 3 (position 1 is an environment observation, V = 9 and reward 7 there are ignored).
+    # γ = 1, λ = 0.5, V = [0.5, -, 0.6, 0.7], reward 1 after the last token: as the contiguous case,
+    # A = [0.225, 0, 0.25, 0.3], R = [0.725, 0, 0.85, 1.0].
+    adv, ret = gae(torch.tensor([[0.0, 7.0, 0.0, 1.0]]), torch.tensor([[0.5, 9.0, 0.6, 0.7]]),
+                   torch.tensor([[1.0, 0.0, 1.0, 1.0]]), gamma=1.0, lam=0.5)
+    assert torch.allclose(adv, torch.tensor([[0.225, 0.0, 0.25, 0.3]]), atol=1e-6)
+    assert torch.allclose(ret, torch.tensor([[0.725, 0.0, 0.85, 1.0]]), atol=1e-6)
+    nan_v = torch.tensor([[0.5, float("nan"), 0.6, 0.7]])
+    _, ret = gae(torch.tensor([[0.0, 0.0, 0.0, 1.0]]), nan_v, torch.tensor([[1.0, 0.0, 1.0, 1.0]]), gamma=1.0, lam=0.5)
+    assert torch.isfinite(ret).all()
