@@ -3,8 +3,9 @@
 One training step k (version k → k+1):
 1. wait: read groups per writer in sequence order (per-writer cursors) until B fresh groups are in hand; a group
    with start_version < k − α is dropped and counted (ALGORITHMS.md §1), never trained on;
-2. train: GRPO advantages and the configured policy loss with the engine's behaviour log-probs, one optimizer
-   step (DeepSpeed);
+2. train (`Learner`): GRPO advantages, or GAE on the critics' values (AsyPPO: mini-critics and their masks), the
+   critics' update, and the configured policy loss with the engine's behaviour log-probs, one optimizer step
+   (DeepSpeed; attention credit rescales advantages inside it);
 3. sync: broadcast the new weights in buckets to every generation server (they pause, load, resume);
 4. publish `versions/latest.json` (version, per-writer consumed counts, checksum, metrics), log to MLflow, and
    every `checkpoint_every` steps write a checkpoint (model, optimizer, cursors; `COMMITTED` last).
@@ -26,12 +27,13 @@ from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.roles.context import RoleContext, base_url, role_arg_parser, setup_logging
 from asyncrl.tracking.mlflow_tracker import Tracker
 from asyncrl.training.batch import build_batch
-from asyncrl.training.policy import PolicyTrainer
+from asyncrl.training.learner import Learner
 from asyncrl.training.staleness import split_stale, staleness_histogram, staleness_stats
 from asyncrl.transport.checkpoints import (
     flatten_optimizer_state,
     latest_committed_version,
     load_checkpoint,
+    load_checkpoint_tensors,
     save_checkpoint,
     unflatten_optimizer_state,
 )
@@ -72,7 +74,8 @@ class TrainingRunner:
         self.pad_id = int(load_tokenizer(self.model_path).pad_token_id)
         tracking = ctx.store.get_json(ctx.paths.tracking())
         self.tracker = Tracker.attach(tracking["tracking_uri"], tracking["mlflow_run_id"]) if tracking else None
-        self.policy = PolicyTrainer(self.model_path, self.cfg.training, timeout_s=self.cfg.timeouts.collective_s)
+        self.learner = Learner(self.model_path, self.cfg.training, timeout_s=self.cfg.timeouts.collective_s)
+        self.policy = self.learner.policy
         self.reader = GroupReader(ctx.store, ctx.paths)
         self.version = 0
         self.counters = Counters()
@@ -87,6 +90,9 @@ class TrainingRunner:
             return
         model_state, opt_tensors, meta = load_checkpoint(self.ctx.store, self.ctx.paths, v)
         self.policy.load_state(model_state, unflatten_optimizer_state(opt_tensors, meta["optimizer_skeleton"]))
+        extra = {name: load_checkpoint_tensors(self.ctx.store, self.ctx.paths, v, name)
+                 for name in self.learner.checkpoint_extra()}
+        self.learner.load_extra(extra)
         self.reader.restore(meta["cursors"])
         self.counters = Counters(meta["counters"])
         self.version = v
@@ -142,7 +148,7 @@ class TrainingRunner:
         kept, dropped, by_writer = self.collect(step)
         t1 = time.monotonic()
         batch = build_batch(kept, norm_std=self.cfg.training.norm_std, pad_id=self.pad_id)
-        train_metrics = self.policy.train_step(batch, temperature=self.cfg.rollout.temperature)
+        train_metrics = self.learner.train_step(batch, step, temperature=self.cfg.rollout.temperature)
         t2 = time.monotonic()
         self.version = step + 1
         self.sync_weights()
@@ -166,7 +172,7 @@ class TrainingRunner:
             c.trained_by_writer[writer] = c.trained_by_writer.get(writer, 0) + n
         rewards = [s.reward for g in kept for s in g.samples]
         metrics = {
-            **{f"train/{k}": float(v) for k, v in train_metrics.items()},
+            **{(k if "/" in k else f"train/{k}"): float(v) for k, v in train_metrics.items()},
             "reward/mean": sum(rewards) / len(rewards),
             "reward/accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
             "staleness/mean": stale["staleness_mean"],
@@ -219,7 +225,8 @@ class TrainingRunner:
         opt_tensors, skeleton = flatten_optimizer_state(self.policy.optimizer_state())
         meta = {"version": self.version, "cursors": self.reader.cursors, "counters": self.counters.as_dict(),
                 "optimizer_skeleton": skeleton}
-        save_checkpoint(self.ctx.store, self.ctx.paths, self.version, self.policy.model_state(), opt_tensors, meta)
+        save_checkpoint(self.ctx.store, self.ctx.paths, self.version, self.policy.model_state(), opt_tensors, meta,
+                        extra=self.learner.checkpoint_extra())
         log.info("checkpoint %d committed", self.version)
 
     def run(self) -> None:
@@ -243,7 +250,7 @@ class TrainingRunner:
     def close(self) -> None:
         if self.sender is not None:
             self.sender.close()
-        self.policy.close()
+        self.learner.close()
 
 
 def main(argv: list[str] | None = None) -> None:

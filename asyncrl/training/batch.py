@@ -33,6 +33,9 @@ class TrainBatch:
     rewards: Tensor  # [S] float
     prompt_lengths: Tensor  # [S] long
     response_lengths: Tensor  # [S] long
+    index_in_group: Tensor  # [S] long, position of the sample among its group's samples (AsyPPO critic shares)
+    group_size: Tensor  # [S] long, samples in the sample's group
+    entropy_mask: Tensor  # [S, T] float, 1 where the entropy bonus applies (AsyPPO's filter clears some), else 0
 
     @property
     def num_samples(self) -> int:
@@ -70,6 +73,7 @@ def build_batch(groups: list[Group], norm_std: bool, pad_id: int) -> TrainBatch:
         raise ValueError("build_batch: expected at least one group, got none")
     advs = group_advantages(groups, norm_std=norm_std)
     samples = [(s, float(a)) for g, ga in zip(groups, advs, strict=True) for s, a in zip(g.samples, ga, strict=True)]
+    positions = [(i, len(g.samples)) for g in groups for i in range(len(g.samples))]
     n_rows = len(samples)
     t_len = max(len(s.prompt_token_ids) + len(s.token_ids) for s, _ in samples)
     input_ids = torch.full((n_rows, t_len), pad_id, dtype=torch.long)
@@ -99,4 +103,7 @@ def build_batch(groups: list[Group], norm_std: bool, pad_id: int) -> TrainBatch:
         rewards=torch.tensor([s.reward for s, _ in samples], dtype=torch.float32),
         prompt_lengths=torch.tensor([len(s.prompt_token_ids) for s, _ in samples], dtype=torch.long),
         response_lengths=torch.tensor([len(s.token_ids) for s, _ in samples], dtype=torch.long),
+        index_in_group=torch.tensor([i for i, _ in positions], dtype=torch.long),
+        group_size=torch.tensor([n for _, n in positions], dtype=torch.long),
+        entropy_mask=response_mask.clone(),
     )

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from asyncrl.config.schema import TrainingConfig
 from asyncrl.training.batch import TrainBatch
+from asyncrl.training.credit import AttentionCredit
 from asyncrl.training.deepspeed_config import deepspeed_config
 from asyncrl.training.losses import merge_metrics, policy_loss
 
@@ -102,6 +103,9 @@ class PolicyTrainer:
         ds_cfg = deepspeed_config(cfg, batch_size, dist.get_world_size())
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_cfg)
         self.engine.eval()  # no dropout: prox == logp at the step start
+        self.credit = (
+            AttentionCredit(cfg.attention_credit, model.config.num_hidden_layers) if cfg.attention_credit else None
+        )
         self.stage = int(self.engine.zero_optimization_stage())
         self.init_seconds = time.monotonic() - t0
         log.info("PolicyTrainer ready: ZeRO stage %d, init %.1f s", self.stage, self.init_seconds)
@@ -141,34 +145,50 @@ class PolicyTrainer:
     # ---- training ------------------------------------------------------------------------------
 
     def train_step(
-        self, batch: TrainBatch, temperature: float = 1.0, micro_batch_size: int | None = None
+        self,
+        batch: TrainBatch,
+        temperature: float = 1.0,
+        micro_batch_size: int | None = None,
+        ent_coef: float | None = None,
     ) -> dict[str, float]:
         """One optimizer step on `batch`, accumulating gradients over its micro batches.
 
         Each micro loss carries the batch's aggregation denominators, so the accumulated gradient is
-        the gradient of the whole batch's loss. Returns the merged loss metrics plus `grad_norm`
-        (before clipping) and `entropy` (mean over response tokens).
+        the gradient of the whole batch's loss. The entropy bonus (coefficient `ent_coef`, default
+        `cfg.ent_coef`) applies where `batch.entropy_mask` is 1. With `cfg.attention_credit`, each micro
+        batch's advantages are rescaled by γ_t from the attention of this same forward pass (see
+        `asyncrl.training.credit`). Returns the merged loss metrics plus `grad_norm` (before clipping)
+        and `entropy` (mean over response tokens).
         """
         micro = batch.split(micro_batch_size or self.cfg.micro_batch_size)
+        coef = self.cfg.ent_coef if ent_coef is None else ent_coef
         parts = []
         for i, mb in enumerate(micro):
             self.engine.set_gradient_accumulation_boundary(i == len(micro) - 1)
-            logp, entropy = self._forward(mb, temperature, need_entropy_grad=self.cfg.ent_coef > 0)
+            advantages, credit_metrics = mb.advantages, {}
+            if self.credit is not None:
+                with self.credit.capture(self.engine) as cap:
+                    logp, entropy = self._forward(mb, temperature, need_entropy_grad=coef > 0)
+                advantages, credit_metrics = self.credit.scale(cap, mb)
+            else:
+                logp, entropy = self._forward(mb, temperature, need_entropy_grad=coef > 0)
             loss, metrics = policy_loss(
                 self.cfg,
                 logp,
                 logp.detach(),
                 mb.behav_logprobs,
-                mb.advantages,
+                advantages,
                 mb.response_mask,
                 mb.rewards,
                 ref_logp=self._ref_logprobs(mb, temperature),
                 entropy=entropy,
                 num_samples=max(batch.num_nonempty, 1),
                 num_tokens=max(batch.num_tokens, 1),
+                ent_mask=mb.entropy_mask,
+                ent_coef=coef,
             )
             self.engine.backward(loss, scale_wrt_gas=False)
-            parts.append(metrics)
+            parts.append({**metrics, **credit_metrics})
         grad_norm = self._grad_norm_stage0() if self.stage == 0 else None
         self.engine.step()
         if grad_norm is None:

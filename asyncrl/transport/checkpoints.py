@@ -62,8 +62,12 @@ def save_checkpoint(
     model_state: dict[str, torch.Tensor],
     optimizer_state: dict[str, torch.Tensor],
     meta: dict[str, Any],
+    extra: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> str:
     """Write the checkpoint of `version` and commit it; return its prefix key.
+
+    `extra` adds more tensor files, `<name>.safetensors` each (the critics and their optimizers), listed and
+    verified like the others; read them back with `load_checkpoint_tensors`.
 
     `meta` must be JSON-serialisable (cursors, step, counters, optimizer skeleton...). Files of an
     earlier, uncommitted attempt at the same version are overwritten; a committed version is not.
@@ -80,6 +84,10 @@ def save_checkpoint(
         OPTIMIZER_FILE: _tensors_to_bytes(optimizer_state, "optimizer_state"),
         META_FILE: meta_bytes,
     }
+    for name, tensors in (extra or {}).items():
+        if not name.replace("_", "").isalnum():
+            raise ValueError(f"checkpoint extra file name: expected letters, digits and '_', got {name!r}")
+        files[f"{name}.safetensors"] = _tensors_to_bytes(tensors, name)
     manifest: dict[str, Any] = {"format": FORMAT, "version": version, "files": {}}
     for name, data in files.items():
         store.put_bytes(paths.checkpoint(version, name), data)
@@ -108,21 +116,18 @@ def latest_committed_version(store: S3Store, paths: RunPaths) -> int | None:
 
 def _read_verified(store: S3Store, paths: RunPaths, version: int, name: str, manifest: dict[str, Any]) -> bytes:
     key = paths.checkpoint(version, name)
-    data = store.get_bytes(key)
-    if data is None:
-        raise CheckpointError(f"checkpoint {version}: {key} is missing although COMMITTED lists it")
     expected = manifest.get("files", {}).get(name)
     if not isinstance(expected, dict) or "sha256" not in expected:
         raise CheckpointError(f"checkpoint {version}: COMMITTED does not list {name}")
+    data = store.get_bytes(key)
+    if data is None:
+        raise CheckpointError(f"checkpoint {version}: {key} is missing although COMMITTED lists it")
     if hashlib.sha256(data).hexdigest() != expected["sha256"]:
         raise CheckpointError(f"checkpoint {version}: {key} does not match its sha256 in COMMITTED")
     return data
 
 
-def load_checkpoint(
-    store: S3Store, paths: RunPaths, version: int
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
-    """(model_state, optimizer_state, meta) of a committed version; CheckpointError otherwise."""
+def _committed_manifest(store: S3Store, paths: RunPaths, version: int) -> dict[str, Any]:
     committed_key = paths.checkpoint_committed(version)
     try:
         manifest = store.get_json(committed_key)
@@ -134,6 +139,21 @@ def load_checkpoint(
         )
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != version:
         raise CheckpointError(f"checkpoint {version}: {committed_key} is not a {FORMAT} marker for this version")
+    return manifest
+
+
+def load_checkpoint_tensors(store: S3Store, paths: RunPaths, version: int, name: str) -> dict[str, torch.Tensor]:
+    """The `extra` tensor file `name` of a committed version (verified against COMMITTED); CheckpointError when
+    the checkpoint has none (e.g. it was written by a run without critics)."""
+    manifest = _committed_manifest(store, paths, version)
+    return st_load(_read_verified(store, paths, version, f"{name}.safetensors", manifest))
+
+
+def load_checkpoint(
+    store: S3Store, paths: RunPaths, version: int
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    """(model_state, optimizer_state, meta) of a committed version; CheckpointError otherwise."""
+    manifest = _committed_manifest(store, paths, version)
     model = st_load(_read_verified(store, paths, version, MODEL_FILE, manifest))
     optim = st_load(_read_verified(store, paths, version, OPTIMIZER_FILE, manifest))
     meta_bytes = _read_verified(store, paths, version, META_FILE, manifest)

@@ -120,3 +120,24 @@ def test_corrupt_committed_checkpoint_is_detected(s3_store: S3Store) -> None:
         load_checkpoint(s3_store, paths, 1)
     with pytest.raises(ValueError, match="meta: expected a JSON-serialisable dict"):
         save_checkpoint(s3_store, paths, 2, {}, {}, {"bad": object()})
+
+
+@pytest.mark.integration
+def test_extra_tensor_files_are_committed_and_verified(s3_store: S3Store) -> None:
+    from asyncrl.transport.checkpoints import load_checkpoint_tensors
+
+    paths = RunPaths("runs", "ckpt-extra")
+    critic = {"critic0.value_head.weight": torch.arange(6.0).reshape(1, 6)}
+    critic_opt = {"critic0.step": torch.tensor(4.0)}
+    save_checkpoint(s3_store, paths, 2, {"w": torch.ones(2)}, {}, {"v": 2},
+                    extra={"critic": critic, "critic_optimizer": critic_opt})
+    back = load_checkpoint_tensors(s3_store, paths, 2, "critic")
+    assert torch.equal(back["critic0.value_head.weight"], critic["critic0.value_head.weight"])
+    assert load_checkpoint_tensors(s3_store, paths, 2, "critic_optimizer")["critic0.step"].item() == 4.0
+    with pytest.raises(CheckpointError, match="does not list nope.safetensors"):
+        load_checkpoint_tensors(s3_store, paths, 2, "nope")
+    s3_store.put_bytes(paths.checkpoint(2, "critic.safetensors"), b"tampered")
+    with pytest.raises(CheckpointError, match="sha256"):
+        load_checkpoint_tensors(s3_store, paths, 2, "critic")
+    with pytest.raises(ValueError, match="extra file name"):
+        save_checkpoint(s3_store, paths, 3, {}, {}, {}, extra={"../x": {}})

@@ -1,0 +1,119 @@
+"""One training step of the configured algorithm: advantages, critics, AsyPPO masks, the actor update.
+
+Owns the order of work within a step (ALGORITHMS.md §2–§5), on one `TrainBatch` whose advantages hold the
+GRPO advantages that `build_batch` computed:
+1. `advantage: gae`: every critic scores every response token (values before this step's update), GAE on the
+   mean value V̄ with the outcome reward on the last trained-on token replaces the advantages;
+   with AsyPPO, the critics' disagreement zeroes the advantage of the ⌊k·n⌋ most agreed tokens and removes
+   the entropy bonus from the ⌊h·n⌋ least agreed ones;
+2. the critics train on the returns (AsyPPO: critic m only on its share of each group);
+3. the actor trains (`PolicyTrainer.train_step`; attention credit, when configured, rescales advantages there),
+   except in the critic warm-up steps, where the actor is left unchanged.
+
+Invariants: the values feeding GAE and the masks are those of the critics before this step's update; a
+warm-up step changes no actor weight; critic weights and optimizer moments are part of the checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from torch import Tensor
+
+from asyncrl.config.schema import TrainingConfig
+from asyncrl.training.advantages import gae, outcome_token_rewards
+from asyncrl.training.asyppo import critic_owner, disagreement_masks
+from asyncrl.training.batch import TrainBatch
+from asyncrl.training.critic import CriticEnsemble
+from asyncrl.training.policy import PolicyTrainer
+
+log = logging.getLogger(__name__)
+
+CRITIC_FILE = "critic"
+CRITIC_OPTIMIZER_FILE = "critic_optimizer"
+
+
+class Learner:
+    """The actor (`PolicyTrainer`) and, with GAE, its critic(s) (`CriticEnsemble`)."""
+
+    def __init__(self, model_path: Path, cfg: TrainingConfig, timeout_s: float = 300.0) -> None:
+        self.cfg = cfg
+        self.policy = PolicyTrainer(model_path, cfg, timeout_s=timeout_s)
+        self.critics: CriticEnsemble | None = None
+        if cfg.num_critics:
+            critic_path = Path(cfg.critic.model_path) if cfg.critic.model_path else model_path
+            self.critics = CriticEnsemble(
+                critic_path,
+                num_critics=cfg.num_critics,
+                lr=cfg.critic.lr,
+                weight_decay=cfg.critic.weight_decay,
+                grad_clip=cfg.critic.grad_clip,
+                micro_batch_size=cfg.critic.micro_batch_size or cfg.micro_batch_size,
+                seed=cfg.seed,
+            )
+
+    def train_step(self, batch: TrainBatch, step: int, temperature: float) -> dict[str, float]:
+        """Train on `batch` at step `step` (0-based); returns the metrics, keys without the `train/` prefix for the
+        actor's and with `critic/` / `asyppo/` prefixes for the rest."""
+        metrics: dict[str, float] = {}
+        ent_coef = None
+        if self.critics is not None:
+            metrics.update(self._critic_phase(batch))
+            if self.cfg.asyppo is not None:
+                ent_coef = self.cfg.asyppo.ent_coef
+        if step < self.cfg.critic_warmup_steps:
+            metrics["actor_updated"] = 0.0
+            return metrics
+        metrics.update(self.policy.train_step(batch, temperature=temperature, ent_coef=ent_coef))
+        metrics["actor_updated"] = 1.0
+        return metrics
+
+    def _critic_phase(self, batch: TrainBatch) -> dict[str, float]:
+        """GAE advantages (and AsyPPO masks) written into `batch`, then one critic update."""
+        assert self.critics is not None
+        cfg = self.cfg
+        mask = batch.response_mask
+        values = self.critics.values(batch)  # [M, S, T], before the update
+        token_rewards = outcome_token_rewards(batch.rewards, mask)
+        adv, returns = gae(token_rewards, values.mean(dim=0), mask, gamma=cfg.gamma, lam=cfg.lam)
+        metrics: dict[str, float] = {}
+        owner: Tensor | None = None
+        if cfg.asyppo is not None:
+            adv_mask, ent_mask = disagreement_masks(values, mask, k=cfg.asyppo.adv_mask_k, h=cfg.asyppo.ent_filter_h)
+            adv = adv * adv_mask
+            batch.entropy_mask = ent_mask
+            owner = critic_owner(batch.index_in_group, batch.group_size, cfg.asyppo.num_critics)
+            valid = mask > 0
+            n = max(int(valid.sum()), 1)
+            sigma = values.std(dim=0, unbiased=False)
+            metrics["asyppo/adv_masked_fraction"] = float(((adv_mask == 0) & valid).sum()) / n
+            metrics["asyppo/ent_filtered_fraction"] = float(((ent_mask == 0) & valid).sum()) / n
+            metrics["asyppo/disagreement_mean"] = float(sigma[valid].mean()) if bool(valid.any()) else 0.0
+        batch.advantages = adv
+        valid = mask > 0
+        metrics["advantage/mean"] = float(adv[valid].mean()) if bool(valid.any()) else 0.0
+        metrics["advantage/abs_mean"] = float(adv[valid].abs().mean()) if bool(valid.any()) else 0.0
+        metrics.update(self.critics.train_step(batch, returns, owner))
+        return metrics
+
+    # ---- weights and state ---------------------------------------------------------------------
+
+    def named_weights(self) -> list[tuple[str, Tensor]]:
+        return self.policy.named_weights()
+
+    def checkpoint_extra(self) -> dict[str, dict[str, Tensor]]:
+        """The critics' tensor files for the checkpoint (empty without critics)."""
+        if self.critics is None:
+            return {}
+        return {CRITIC_FILE: self.critics.state(), CRITIC_OPTIMIZER_FILE: self.critics.optimizer_state()}
+
+    def load_extra(self, files: dict[str, dict[str, Tensor]]) -> None:
+        """Restore what `checkpoint_extra` wrote."""
+        if self.critics is None:
+            return
+        self.critics.load_state(files[CRITIC_FILE], files[CRITIC_OPTIMIZER_FILE])
+
+    def close(self) -> None:
+        self.policy.close()
+
