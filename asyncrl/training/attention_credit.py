@@ -201,7 +201,8 @@ def dominated_anchors(
     valid = (u >= 0) & rmask[uc]
     neg_inf = torch.tensor(float("-inf"), dtype=delta.dtype, device=delta.device)
     window = torch.where(valid, delta[uc], neg_inf)
-    best, arg = window.max(1)  # first maximal index on ties (earliest u)
+    arg = window.argmax(1)  # the first maximal index on ties (earliest u); faster than max(1) on CPU
+    best = window.gather(1, arg.unsqueeze(1)).squeeze(1)
     dom = amask & (waad_t <= tau_waad) & valid.any(1) & (best >= tau_delta)
     chosen = uc.gather(1, arg.unsqueeze(1)).squeeze(1)[dom]
     intro[chosen] = True
