@@ -16,6 +16,7 @@ warm-up step changes no actor weight; critic weights and optimizer moments are p
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -39,19 +40,25 @@ class Learner:
 
     def __init__(self, model_path: Path, cfg: TrainingConfig, timeout_s: float = 300.0) -> None:
         self.cfg = cfg
+        critic_path = Path(cfg.critic.model_path) if cfg.critic.model_path else model_path
+        if cfg.num_critics:
+            _check_critic_vocab(critic_path, model_path)
         self.policy = PolicyTrainer(model_path, cfg, timeout_s=timeout_s)
         self.critics: CriticEnsemble | None = None
         if cfg.num_critics:
-            critic_path = Path(cfg.critic.model_path) if cfg.critic.model_path else model_path
-            self.critics = CriticEnsemble(
-                critic_path,
-                num_critics=cfg.num_critics,
-                lr=cfg.critic.lr,
-                weight_decay=cfg.critic.weight_decay,
-                grad_clip=cfg.critic.grad_clip,
-                micro_batch_size=cfg.critic.micro_batch_size or cfg.micro_batch_size,
-                seed=cfg.seed,
-            )
+            try:
+                self.critics = CriticEnsemble(
+                    critic_path,
+                    num_critics=cfg.num_critics,
+                    lr=cfg.critic.lr,
+                    weight_decay=cfg.critic.weight_decay,
+                    grad_clip=cfg.critic.grad_clip,
+                    micro_batch_size=cfg.critic.micro_batch_size or cfg.micro_batch_size,
+                    seed=cfg.seed,
+                )
+            except BaseException:
+                self.policy.close()  # do not leave the actor's process group behind
+                raise
 
     def train_step(self, batch: TrainBatch, step: int, temperature: float) -> dict[str, float]:
         """Train on `batch` at step `step` (0-based); returns the metrics, keys without the `train/` prefix for the
@@ -117,3 +124,16 @@ class Learner:
     def close(self) -> None:
         self.policy.close()
 
+
+
+def _check_critic_vocab(critic_path: Path, actor_path: Path) -> None:
+    """The critics read the actor's token ids: their vocabulary must be the actor's."""
+    config = critic_path / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"training.critic.model_path: expected a causal LM folder with config.json, "
+                                f"{config} does not exist")
+    critic_vocab = json.loads(config.read_text()).get("vocab_size")
+    actor_vocab = json.loads((actor_path / "config.json").read_text()).get("vocab_size")
+    if critic_vocab != actor_vocab:
+        raise ValueError(f"training.critic.model_path: the critic must share the actor's tokenizer; its vocab_size is "
+                         f"{critic_vocab}, the actor's {actor_vocab}")

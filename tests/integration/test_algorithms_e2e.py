@@ -91,6 +91,8 @@ def test_variant_trains_and_logs(variant: str, engine_groups, mlflow_uri: str) -
             metrics = learner.train_step(batch, step, temperature=1.0)
             tracker.log_metrics({(k if "/" in k else f"train/{k}"): v for k, v in metrics.items()}, step=step)
             updated.append(metrics["actor_updated"])
+            if metrics["actor_updated"] == 0.0:  # a critic warm-up step leaves the actor exactly as it was
+                assert all(torch.equal(before[n], w) for n, w in learner.named_weights())
         after = dict(learner.named_weights())
         extra = learner.checkpoint_extra()
         if extra:  # the critics' checkpoint files restore the same values in a fresh learner
@@ -116,3 +118,17 @@ def test_variant_trains_and_logs(variant: str, engine_groups, mlflow_uri: str) -
         assert all(math.isfinite(m.value) for m in history), (variant, key)
     if variant in ("decoupled_ppo", "tis", "topr"):  # steps 2-3 reuse step 1's samples: the weights move off 1
         assert client.get_metric_history(tracker.run_id, "train/iw_max")[-1].value != pytest.approx(1.0)
+
+
+def test_critic_with_another_vocabulary_is_refused(engine_groups, tmp_path) -> None:
+    from tests.helpers.tiny_random_model import tiny_qwen2_config
+
+    _, model_dir = engine_groups
+    other = tiny_qwen2_config()
+    other.vocab_size = 64
+    from transformers import Qwen2ForCausalLM
+
+    Qwen2ForCausalLM(other).save_pretrained(tmp_path / "critic")
+    cfg = TrainingConfig(micro_batch_size=8, advantage="gae", critic={"model_path": str(tmp_path / "critic")})
+    with pytest.raises(ValueError, match="training.critic.model_path: the critic must share the actor's tokenizer"):
+        Learner(model_dir, cfg, timeout_s=60)
