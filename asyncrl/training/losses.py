@@ -199,6 +199,20 @@ def variant_token_loss(
     return topr_token_loss(logp, behav, adv, positive, p["pos_weight"], p["neg_weight"])
 
 
+def _masked_inputs(caller: str, logp: Tensor, **others: Tensor) -> tuple[Tensor, ...]:
+    """Check that the four per-token tensors (prox, behav, adv, mask, in that order, named as the caller names them)
+    have the shape of `logp`; return (mask as bool, zeros, logp, prox, behav, adv) with masked positions zeroed and
+    prox/behav/adv detached, so that whatever masked positions hold (prompt, padding, inf, nan) never leaks in."""
+    for name, t in others.items():
+        if t.shape != logp.shape:
+            raise ValueError(f"{caller}: {name} expected shape {tuple(logp.shape)}, got {tuple(t.shape)}")
+    prox, behav, adv, mask = others.values()
+    m = mask.bool()
+    zero = torch.zeros_like(logp)
+    return (m, zero, torch.where(m, logp, zero), torch.where(m, prox.detach(), zero),
+            torch.where(m, behav.detach(), zero), torch.where(m, adv.detach(), zero))
+
+
 def per_token_loss(
     variant: str,
     logp: Tensor,
@@ -217,20 +231,13 @@ def per_token_loss(
     required for topr). `params` are the variant's knobs by their ALGORITHMS.md names (`LOSS_PARAMS`); an unknown
     name is an error. Masked positions may hold anything (inf, nan): they never reach the loss or its gradient.
     """
-    shape = logp.shape
-    for name, t in (("prox_logp", prox_logp), ("behav_logp", behav_logp), ("advantages", advantages), ("mask", mask)):
-        if t.shape != shape:
-            raise ValueError(f"per_token_loss: {name} expected shape {tuple(shape)}, got {tuple(t.shape)}")
     if variant == "topr" and rewards is None:
         raise ValueError("per_token_loss: topr needs rewards (the sample's reward broadcast to its tokens)")
-    if rewards is not None and rewards.shape != shape:
-        raise ValueError(f"per_token_loss: rewards expected shape {tuple(shape)}, got {tuple(rewards.shape)}")
-    m = mask.bool()
-    zero = torch.zeros_like(logp)
-    logp = torch.where(m, logp, zero)
-    prox = torch.where(m, prox_logp.detach(), zero)
-    behav = torch.where(m, behav_logp.detach(), zero)
-    adv = torch.where(m, advantages.detach(), zero)
+    if rewards is not None and rewards.shape != logp.shape:
+        raise ValueError(f"per_token_loss: rewards expected shape {tuple(logp.shape)}, got {tuple(rewards.shape)}")
+    m, zero, logp, prox, behav, adv = _masked_inputs(
+        "per_token_loss", logp, prox_logp=prox_logp, behav_logp=behav_logp, advantages=advantages, mask=mask
+    )
     positive = (rewards > 0) & m if rewards is not None else torch.zeros_like(m)
     tok = variant_token_loss(variant, logp, prox, behav, adv, positive, **params)
     return torch.where(m, tok.loss, zero)
@@ -261,16 +268,7 @@ def policy_loss(
     `merge_metrics`.
     """
     shape = logp.shape
-    for name, t in (("prox", prox), ("behav", behav), ("adv", adv), ("mask", mask)):
-        if t.shape != shape:
-            raise ValueError(f"policy_loss: {name} expected shape {tuple(shape)}, got {tuple(t.shape)}")
-    m = mask.bool()
-    zero = torch.zeros_like(logp)
-    # Masked positions may hold anything (prompt, padding): neutralise them so no inf/nan leaks in.
-    logp = torch.where(m, logp, zero)
-    prox = torch.where(m, prox.detach(), zero)
-    behav = torch.where(m, behav.detach(), zero)
-    adv = torch.where(m, adv.detach(), zero)
+    m, zero, logp, prox, behav, adv = _masked_inputs("policy_loss", logp, prox=prox, behav=behav, adv=adv, mask=mask)
     positive = (rewards > 0) if rewards.dim() == 2 else (rewards > 0).unsqueeze(-1).expand(shape)
     tok = variant_token_loss(cfg.loss, logp, prox, behav, adv, positive, **loss_params(cfg))
     denom = num_tokens if cfg.aggregation == "token-mean" else num_samples

@@ -8,12 +8,12 @@ capture on a plain HF model, and the engine's logits must not change.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.subprocess_runs import run_lone_trainer_script
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
@@ -61,20 +61,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.integration
 @pytest.mark.parametrize("stage", [0, 3])
 def test_capture_through_deepspeed_engine(stage: int, model_dir: Path) -> None:
-    env = {**os.environ, "DS_BUILD_OPS": "0"}
-    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(key, None)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
-    proc = subprocess.run(
-        [sys.executable, str(HERE), str(stage), str(model_dir)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = run_lone_trainer_script(HERE, str(stage), str(model_dir))
     assert res["layers"] == [0, 1], res
     assert res["impl"] == "sdpa", res
     assert res["logits_err"] <= 1e-6, res

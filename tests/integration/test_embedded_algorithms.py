@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
@@ -22,6 +19,7 @@ from asyncrl.local.seaweed import EmbeddedS3
 from asyncrl.transport.checkpoints import latest_committed_version, load_checkpoint_tensors
 from asyncrl.transport.run_layout import RunPaths
 from asyncrl.transport.s3 import S3Store
+from tests.helpers.subprocess_runs import run_embedded
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,16 +35,8 @@ OVERRIDES = [
 def finished_run(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
     run_id = "algorithms-test"
-    cmd = [sys.executable, "-m", "asyncrl.cli", "run", str(ROOT / "configs/smoke.yaml"),
-           "--set", f"runs_dir={runs}", "--set", f"run_id={run_id}", "--set", f"cache_dir={ROOT / '.cache/asyncrl'}"]
-    for o in OVERRIDES:
-        cmd += ["--set", o]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "ASYNCRL_LOG_LEVEL": "INFO"})
+    run_embedded(ROOT / "configs/smoke.yaml", runs, run_id, OVERRIDES)
     run_dir = runs / run_id
-    if proc.returncode != 0:
-        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted((run_dir / "logs").glob("*.log")))
-        pytest.fail(f"asyncrl run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{logs}")
     return run_dir
 
 

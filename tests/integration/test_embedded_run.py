@@ -8,9 +8,6 @@ MLflow has the step metrics; a committed checkpoint exists; no process is left r
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import mlflow
@@ -24,6 +21,7 @@ from asyncrl.transport.groups import GroupReader
 from asyncrl.transport.run_layout import RunPaths
 from asyncrl.transport.s3 import S3Store
 from asyncrl.transport.weight_buckets import checksums_match
+from tests.helpers.subprocess_runs import run_embedded
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,16 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def finished_run(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
     run_id = "smoke-test"
-    cmd = [sys.executable, "-m", "asyncrl.cli", "run", str(ROOT / "configs/smoke.yaml"),
-           "--set", f"runs_dir={runs}", "--set", f"run_id={run_id}",
-           "--set", f"cache_dir={ROOT / '.cache/asyncrl'}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "ASYNCRL_LOG_LEVEL": "INFO"})
+    stdout = run_embedded(ROOT / "configs/smoke.yaml", runs, run_id)
     run_dir = runs / run_id
-    if proc.returncode != 0:
-        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted((run_dir / "logs").glob("*.log")))
-        pytest.fail(f"asyncrl run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{logs}")
-    return run_dir, proc.stdout
+    return run_dir, stdout
 
 
 def test_summary_and_progress(finished_run):

@@ -13,12 +13,12 @@ prints one JSON line of results that the test checks.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.subprocess_runs import run_lone_trainer_script
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
@@ -144,20 +144,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # (`python tests/integration/test_policy_deepspeed.py 1 <model_dir>`); left out to keep the file near 60 s.
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_policy_trainer_zero_stage(stage: int, model_dir: Path) -> None:
-    env = {**os.environ, "DS_BUILD_OPS": "0"}
-    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(key, None)
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
-    proc = subprocess.run(
-        [sys.executable, str(HERE), str(stage), str(model_dir)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = run_lone_trainer_script(HERE, str(stage), str(model_dir))
     assert res["init_s"] < 30, res
     assert res["align_err"] < 1e-5, res
     assert res["names_ok"], res
