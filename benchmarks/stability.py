@@ -2,7 +2,8 @@
 
 Each variant is a real `asyncrl run` (vLLM, DeepSpeed, SeaweedFS, MLflow) of configs/stability.yaml on the built-in
 arithmetic task, one after another, all with the same seed and the same number of trained samples:
-- every policy loss (ppo, decoupled_ppo, tis, cispo, topr) at α = 0 (`rollout.mode=sync`) and at α = 4;
+- every policy loss (ppo, decoupled_ppo, tis, cispo, topr) at α = 0 (`rollout.mode=sync`) and at α = 4, and CISPO
+  with its unified mask at α = 4;
 - AsyPPO (GAE on two mini-critics, decoupled_ppo, 4 critic warm-up steps) at α = 2;
 - GRPO with coupled attention credit at α = 2 (horizons scaled to this task's 7-token prompts and 6-token answers:
   W = 4, FAI horizon [1, 8]).
@@ -11,8 +12,9 @@ quarter of the steps, the final entropy, and whether training stayed stable: eve
 entropy and importance weight finite, no collapse (held-out accuracy not more than 0.05 below its start, the last
 quarter's reward accuracy at least half the first quarter's, entropy above 0.05). Prints a table and writes JSON.
 
-    .venv/bin/python benchmarks/stability.py                      # all 12 variants, about 40 minutes on 2 cores
+    .venv/bin/python benchmarks/stability.py                      # all 13 variants, about 40 minutes on 2 cores
     .venv/bin/python benchmarks/stability.py --only ppo_a0 --only ppo_a4
+    .venv/bin/python benchmarks/stability.py --seed 1                   # a second seed: stability_seed1.json
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ CREDIT = '{"scaling":"coupled","window":4,"fai_h_lo":1,"fai_h_hi":8}'
 VARIANTS: list[tuple[str, list[str]]] = [
     *[(f"{loss}_a{a}", [f"training.loss={loss}", "rollout.mode=sync" if a == 0 else f"rollout.async_ratio={a}"])
       for loss in LOSSES for a in (0, 4)],
+    ("cispo_unified_a4", ["training.loss=cispo", "training.cispo_unified_mask=true", "rollout.async_ratio=4"]),
     ("asyppo_a2", ["training.loss=decoupled_ppo", "training.advantage=gae", "training.asyppo={}",
                    "training.critic.warmup_steps=4", "rollout.async_ratio=2"]),
     ("grpo_credit_a2", ["training.loss=decoupled_ppo", f"training.attention_credit={CREDIT}",
@@ -41,9 +44,10 @@ VARIANTS: list[tuple[str, list[str]]] = [
 WATCHED = ("train/loss", "train/grad_norm", "train/entropy", "train/iw_max", "critic/loss")
 
 
-def run_variant(name: str, overrides: list[str], config: str, runs_dir: Path) -> dict:
-    run_id = f"stab-{name}-{int(time.time())}"
-    cmd = [sys.executable, "-m", "asyncrl.cli", "run", config, "--set", f"runs_dir={runs_dir}", "--set", f"run_id={run_id}"]
+def run_variant(name: str, overrides: list[str], config: str, runs_dir: Path, seed: int) -> dict:
+    run_id = f"stab-{name}-s{seed}-{int(time.time())}"
+    cmd = [sys.executable, "-m", "asyncrl.cli", "run", config, "--set", f"runs_dir={runs_dir}", "--set", f"run_id={run_id}",
+           "--set", f"training.seed={seed}", "--set", f"generation.seed={seed}"]
     for o in overrides:
         cmd += ["--set", o]
     print(f"[{name}] {' '.join(overrides)}", flush=True)
@@ -107,7 +111,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "configs/stability.yaml"))
     p.add_argument("--only", action="append", default=[], help="run only these variants (by name)")
-    p.add_argument("--out", default=str(ROOT / "benchmarks/results/stability.json"))
+    p.add_argument("--seed", type=int, default=0, help="training and sampling seed (the task split stays the same)")
+    p.add_argument("--out", default=None, help="default: benchmarks/results/stability.json (seed 0), "
+                   "stability_seed<N>.json otherwise")
     p.add_argument("--runs-dir", default=str(ROOT / "runs/stability"))
     args = p.parse_args()
     chosen = [(n, o) for n, o in VARIANTS if not args.only or n in args.only]
@@ -117,7 +123,7 @@ def main() -> None:
     runs_dir = Path(args.runs_dir).resolve()
     rows, raw = [], []
     for name, overrides in chosen:
-        r = run_variant(name, overrides, args.config, runs_dir)
+        r = run_variant(name, overrides, args.config, runs_dir, args.seed)
         raw.append({k: v for k, v in r.items() if k != "summary"})
         rows.append(assess(r))
         a = rows[-1]
@@ -138,12 +144,21 @@ def main() -> None:
         print(f"{r['name']:<18}{r['eval_before']:>8.3f}{r['eval_after']:>8.3f}{(f'{d:+.3f}' if d is not None else ''):>12}"
               f"{r['train_acc_first_quarter']:>8.3f}{r['train_acc_last_quarter']:>8.3f}{r['entropy_end']:>9.3f}"
               f"{r['iw_max']:>8.2f}  {r['reason']}")
+    out_path = Path(args.out or ROOT / "benchmarks/results" / ("stability.json" if args.seed == 0 else
+                                                                f"stability_seed{args.seed}.json"))
+    if args.only and out_path.exists():  # a partial re-run replaces its variants in the earlier results
+        earlier = json.loads(out_path.read_text())
+        fresh = {r["name"] for r in rows}
+        order = [n for n, _ in VARIANTS]
+        rows = sorted([r for r in earlier["rows"] if r["name"] not in fresh] + rows, key=lambda r: order.index(r["name"]))
+        raw = sorted([r for r in earlier["runs"] if r["name"] not in fresh] + raw, key=lambda r: order.index(r["name"]))
     config = Path(args.config).resolve()
-    out = {"benchmark": "stability", "config": str(config.relative_to(ROOT)) if config.is_relative_to(ROOT) else str(config),
+    out = {"benchmark": "stability", "seed": args.seed,
+           "config": str(config.relative_to(ROOT)) if config.is_relative_to(ROOT) else str(config),
            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "rows": rows, "runs": raw}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"\nwrote {out_path}")
 
 
 if __name__ == "__main__":
