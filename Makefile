@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint unit build-model bench calibrate clean
+.PHONY: install run test lint unit build-model bench calibrate stability credit-overhead clean
 
 install: $(STAMP)
 
@@ -49,6 +49,14 @@ bench: $(STAMP)
 
 calibrate: $(STAMP)
 	$(PY) benchmarks/calibrate_cost_model.py
+
+# The loss stability study: 13 real runs per seed, about 40 minutes each seed on 2 cores.
+stability: $(STAMP)
+	$(PY) benchmarks/stability.py --seed 0
+	$(PY) benchmarks/stability.py --seed 1
+
+credit-overhead: $(STAMP)
+	$(PY) benchmarks/attention_credit_overhead.py
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

@@ -3,6 +3,8 @@
 Owns: WAAD (windowed average attention distance) and FAI (future attention influence) from banded
 attention, head classification by attention span, preplan/anchor token selection, locally dominated
 anchors, the per-token scale γ of each mode ("local", "global", "coupled"), and applying γ to advantages.
+The batch path `batch_credit_scale` (γ [S, T] of a padded batch, vectorised over samples, bit-equal to these
+per-sample functions) lives in `attention_credit_batch` and is re-exported here.
 
 Conventions (invariants every function relies on):
 - One sequence of length N, positions 0…N−1. An attention map `attn` is [N, N], row t is the query at
@@ -22,10 +24,11 @@ import math
 import torch
 from torch import Tensor
 
-log = logging.getLogger(__name__)
+from asyncrl.training.attention_credit_batch import EPS_FLOOR as _EPS_FLOOR
+from asyncrl.training.attention_credit_batch import MODES as MODES
+from asyncrl.training.attention_credit_batch import batch_credit_scale as batch_credit_scale
 
-MODES = ("local", "global", "coupled")
-_EPS_FLOOR = 1e-9
+log = logging.getLogger(__name__)
 
 
 def _count(fraction: float, n: int) -> int:
@@ -262,63 +265,3 @@ def scale_advantages(adv: Tensor, gamma: Tensor, positive_only: bool = False) ->
     if positive_only:
         scaled = torch.where(adv > 0, scaled, adv)
     return scaled
-
-
-def batch_credit_scale(
-    span_sums: Tensor,
-    bands: Tensor,
-    response_mask: Tensor,
-    seq_lens: Tensor,
-    *,
-    mode: str,
-    window: int = 10,
-    h_lo: int = 10,
-    h_hi: int = 100,
-    head_fraction: float = 0.3,
-    top_fraction: float = 0.4,
-    gamma_amp: float = 1.5,
-    alpha_c: float = 0.5,
-    k: int = 3,
-) -> Tensor:
-    """γ [S, T] for a right-padded batch from captured stats (see `asyncrl.training.attention_capture`).
-
-    span_sums [S, Hs, T], bands [S, Hs, T, D] (D ≥ max(window, h_hi + 1)), response_mask [S, T] bool,
-    seq_lens [S] (N_i = prompt + response length of sample i; only positions < N_i are read). Per
-    sample: head spans over its response rows, split into local/global heads, mean band of each set,
-    WAAD from the local band, FAI from the global band (with N = N_i), then `credit_scale`. γ = 1 at
-    non-response positions and for samples without a response token.
-    """
-    if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-    if span_sums.ndim != 3:
-        raise ValueError(f"span_sums: expected [S, Hs, T], got {tuple(span_sums.shape)}")
-    s_count, heads, t_len = span_sums.shape
-    if bands.ndim != 4 or bands.shape[:3] != (s_count, heads, t_len):
-        raise ValueError(f"bands: expected [{s_count}, {heads}, {t_len}, D], got {tuple(bands.shape)}")
-    if bands.shape[3] < max(window, h_hi + 1):
-        raise ValueError(f"bands: width {bands.shape[3]} is smaller than max(window, h_hi + 1)")
-    if response_mask.shape != (s_count, t_len):
-        raise ValueError(f"response_mask: expected ({s_count}, {t_len}), got {tuple(response_mask.shape)}")
-    if seq_lens.shape != (s_count,):
-        raise ValueError(f"seq_lens: expected ({s_count},), got {tuple(seq_lens.shape)}")
-    rmask_all = response_mask.to(torch.bool)
-    gamma = torch.ones(s_count, t_len, dtype=torch.float32, device=span_sums.device)
-    for i in range(s_count):
-        n = int(seq_lens[i])
-        if not 0 <= n <= t_len:
-            raise ValueError(f"seq_lens[{i}]: expected in [0, {t_len}], got {n}")
-        if bool(rmask_all[i, n:].any()):
-            raise ValueError(f"response_mask[{i}]: response token beyond seq_lens[{i}] = {n}")
-        rmask = rmask_all[i, :n]
-        if not bool(rmask.any()):
-            continue
-        spans = head_spans(span_sums[i, :, :n].float(), rmask)
-        loc, glob = split_heads(spans, head_fraction)
-        band_loc = bands[i, loc, :n].float().mean(0)
-        band_glob = bands[i, glob, :n].float().mean(0)
-        waad_t = waad_from_band(band_loc, window)
-        fai_t = fai_from_band(band_glob, h_lo, h_hi, rmask)
-        gamma[i, :n] = credit_scale(
-            waad_t, fai_t, rmask, mode, gamma_amp=gamma_amp, alpha_c=alpha_c, top_fraction=top_fraction, k=k
-        )
-    return gamma

@@ -300,3 +300,6 @@ def test_batch_credit_scale_rejects_response_beyond_seq_len() -> None:
             torch.zeros(1, 2, 4), torch.zeros(1, 2, 4, 4), rmask, torch.tensor([3]), mode="local",
             window=2, h_lo=1, h_hi=2,
         )
+
+
+# ---- vectorised batch path == the per-sample loop, bit for bit --------------------------------------
