@@ -105,7 +105,8 @@ def _register(base: str) -> str:
 def layer_stats(
     query: Tensor, key: Tensor, mask: Tensor | None, scaling: float, band: int, row_chunk: int
 ) -> tuple[Tensor, Tensor]:
-    """(span_sums [B, H, Tq], bands [B, H, Tq, band]) of one layer, computed a chunk of rows at a time.
+    """(span_sums [B, H, Tq], bands [B, H, Tq, band]) of one layer, computed a chunk of rows at a time (at most
+    `row_chunk` query rows of all heads at once: several short samples together, or part of one long one).
 
     query [B, H, Tq, hd], key [B, Hkv, Tk, hd] (H a multiple of Hkv; query row i sits at position
     Tk − Tq + i), mask None (plain causal) or [B|1, 1|H, Tq, Tk], bool (True = attend) or additive float
@@ -125,24 +126,28 @@ def layer_stats(
     kpos = torch.arange(tk, device=dev)
     offsets = torch.arange(band, device=dev)
     neg = torch.finfo(torch.float32).min
-    for b in range(b_count):
-        k = key[b].detach().float().repeat_interleave(n_rep, dim=0)  # [H, Tk, hd]
-        for r0 in range(0, tq, row_chunk):
-            r1 = min(tq, r0 + row_chunk)
-            qpos = torch.arange(r0, r1, device=dev) + (tk - tq)  # [c]
-            scores = torch.matmul(query[b, :, r0:r1].detach().float(), k.transpose(-1, -2)) * scaling
+    keys = key.detach().float().repeat_interleave(n_rep, dim=1)  # [B, H, Tk, hd]
+    for r0 in range(0, tq, row_chunk):
+        r1 = min(tq, r0 + row_chunk)
+        c = r1 - r0
+        qpos = torch.arange(r0, r1, device=dev) + (tk - tq)  # [c]
+        dist = (qpos.unsqueeze(1) - kpos.unsqueeze(0)).clamp(min=0).float()  # [c, Tk]
+        idx = qpos.unsqueeze(1) - offsets.unsqueeze(0)  # [c, D]
+        per_chunk = max(1, row_chunk // c)  # samples at a time: at most ~row_chunk query rows in flight
+        for b0 in range(0, b_count, per_chunk):
+            b1 = min(b_count, b0 + per_chunk)
+            scores = torch.matmul(query[b0:b1, :, r0:r1].detach().float(), keys[b0:b1].transpose(-1, -2)) * scaling
             if allowed_all is None:
-                allowed = (kpos.unsqueeze(0) <= qpos.unsqueeze(1)).unsqueeze(0)  # [1, c, Tk]
+                allowed = (kpos.unsqueeze(0) <= qpos.unsqueeze(1)).view(1, 1, c, tk)
             else:
-                allowed = allowed_all[b if allowed_all.shape[0] > 1 else 0, :, r0:r1]  # [1|H, c, Tk]
-            probs = scores.masked_fill(~allowed, neg).softmax(-1)
-            own = allowed.gather(-1, qpos.view(1, -1, 1).expand(allowed.shape[0], -1, 1))  # [1|H, c, 1]
+                rows = slice(b0, b1) if allowed_all.shape[0] > 1 else slice(0, 1)
+                allowed = allowed_all[rows, :, r0:r1]  # [bc|1, 1|H, c, Tk]
+            probs = scores.masked_fill(~allowed, neg).softmax(-1)  # [bc, H, c, Tk]
+            own = allowed.gather(-1, qpos.view(1, 1, c, 1).expand(allowed.shape[0], allowed.shape[1], c, 1))
             probs = probs * own  # padding rows → 0
-            dist = (qpos.unsqueeze(1) - kpos.unsqueeze(0)).clamp(min=0).float()  # [c, Tk]
-            spans[b, :, r0:r1] = (probs * dist).sum(-1)
-            idx = qpos.unsqueeze(1) - offsets.unsqueeze(0)  # [c, D]
-            vals = probs.gather(-1, idx.clamp(min=0).unsqueeze(0).expand(heads, -1, -1))
-            bands[b, :, r0:r1] = vals * (idx >= 0).unsqueeze(0)
+            spans[b0:b1, :, r0:r1] = (probs * dist).sum(-1)
+            vals = probs.gather(-1, idx.clamp(min=0).expand(b1 - b0, heads, c, band))
+            bands[b0:b1, :, r0:r1] = vals * (idx >= 0)
     return spans, bands
 
 
