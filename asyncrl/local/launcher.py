@@ -43,6 +43,10 @@ from asyncrl.transport.weight_buckets import checksums_match
 log = logging.getLogger(__name__)
 
 
+DIST_LAUNCHER_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                      "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
+
+
 class RunFailed(RuntimeError):
     pass
 
@@ -93,8 +97,12 @@ class EmbeddedRun:
 
     # ---- setup ---------------------------------------------------------------------------------------
     def child_env(self, s3: EmbeddedS3 | ExternalS3) -> dict[str, str]:
+        """The roles' environment: this process's, without torch.distributed launcher variables (each embedded role
+        forms its own groups and picks free ports; an inherited MASTER_PORT would make the trainer bind a port that
+        is taken), plus the S3 endpoint and credentials and the caches."""
         cache = Path(self.cfg.cache_dir).resolve()
-        env = {**os.environ, **s3.env(), "AWS_ENDPOINT_URL": s3.endpoint_url,
+        inherited = {k: v for k, v in os.environ.items() if k not in DIST_LAUNCHER_VARS}
+        env = {**inherited, **s3.env(), "AWS_ENDPOINT_URL": s3.endpoint_url,
                "AWS_DEFAULT_REGION": self.cfg.storage.region,
                "VLLM_CACHE_ROOT": str(self.run_dir / "vllm-cache"),
                "VLLM_RPC_BASE_PATH": str(self.run_dir / "vllm-rpc"),

@@ -9,6 +9,7 @@ later steps are off-policy and the importance weights do real work. The critics'
 from __future__ import annotations
 
 import math
+import os
 import random
 
 import httpx
@@ -49,6 +50,19 @@ EXTRA_EXPECTED = {
                "asyppo/ent_filtered_fraction"},
     "attention_credit": {"train/credit_amplified_fraction", "train/credit_gamma_mean"},
 }
+
+
+@pytest.fixture(autouse=True)
+def _restore_dist_env():
+    """The in-process trainer fills in MASTER_PORT & co. (a lone rank 0); leave the test process as it was."""
+    keys = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    saved = {k: os.environ.get(k) for k in keys}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture(scope="module")

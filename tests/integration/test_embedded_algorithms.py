@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 from pathlib import Path
 
 import mlflow
@@ -35,7 +37,20 @@ OVERRIDES = [
 def finished_run(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
     run_id = "algorithms-test"
-    run_embedded(ROOT / "configs/smoke.yaml", runs, run_id, OVERRIDES)
+    # A torch.distributed launcher variable pointing at a taken port must not reach the roles (the trainer would
+    # try to bind it): the launcher strips them.
+    saved = os.environ.get("MASTER_PORT")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        os.environ["MASTER_PORT"] = str(busy.getsockname()[1])
+        try:
+            run_embedded(ROOT / "configs/smoke.yaml", runs, run_id, OVERRIDES)
+        finally:
+            if saved is None:
+                os.environ.pop("MASTER_PORT", None)
+            else:
+                os.environ["MASTER_PORT"] = saved
     run_dir = runs / run_id
     return run_dir
 
