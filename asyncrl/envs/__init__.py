@@ -1,0 +1,6 @@
+"""Agentic environments: the text protocol, the registry, and the built-in environments."""
+
+from asyncrl.envs import frozenlake as _frozenlake  # noqa: F401  (registers "frozenlake")
+from asyncrl.envs.base import Environment, EpisodeOver, StepResult, make, register, registered
+
+__all__ = ["Environment", "EpisodeOver", "StepResult", "make", "register", "registered"]
