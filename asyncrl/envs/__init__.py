@@ -1,6 +1,7 @@
 """Agentic environments: the text protocol, the registry, and the built-in environments."""
 
 from asyncrl.envs import frozenlake as _frozenlake  # noqa: F401  (registers "frozenlake")
+from asyncrl.envs import sokoban as _sokoban  # noqa: F401  (registers "sokoban")
 from asyncrl.envs.base import Environment, EpisodeOver, StepResult, make, register, registered
 
 __all__ = ["Environment", "EpisodeOver", "StepResult", "make", "register", "registered"]
