@@ -1,0 +1,149 @@
+"""Environments served over HTTP: the reference server that serves any registered environment, and the adapter.
+
+Protocol (JSON over HTTP, one session per episode):
+- `POST /reset` {env, params, seed} → {session_id, observation, info}: creates the environment `env` with `params`
+  and resets it;
+- `POST /step` {session_id, action} → {observation, reward, terminated, truncated, info}; the session is closed
+  when the episode ends;
+- `POST /close` {session_id} → {}; `GET /health` → {sessions}.
+Unknown environments, bad parameters, unknown sessions and steps after the end get a 4xx with a message naming the
+problem. Requests are bounded (`MAX_ACTION_CHARS`). `RemoteEnvironment` implements `Environment` against such a
+server with a deadline on every call; users run heavy environments (browsers, containers) behind their own server
+and point the adapter at it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, Field
+
+from asyncrl.envs.base import EpisodeOver, StepResult, make
+
+MAX_ACTION_CHARS = 65_536
+MAX_SESSIONS = 4096
+
+
+class ResetRequest(BaseModel):
+    env: str = Field(min_length=1, max_length=128)
+    params: dict[str, Any] = Field(default_factory=dict)
+    seed: int
+
+
+class StepRequest(BaseModel):
+    session_id: str = Field(min_length=1, max_length=64)
+    action: str = Field(max_length=MAX_ACTION_CHARS)
+
+
+class CloseRequest(BaseModel):
+    session_id: str = Field(min_length=1, max_length=64)
+
+
+def create_env_app() -> FastAPI:
+    """The reference environment server (in-process environments, one per session)."""
+    app = FastAPI(title="asyncrl environment server")
+    sessions: dict[str, Any] = {}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"sessions": len(sessions)}
+
+    @app.post("/reset")
+    async def reset(req: ResetRequest) -> dict[str, Any]:
+        if len(sessions) >= MAX_SESSIONS:
+            raise HTTPException(503, f"too many open sessions ({MAX_SESSIONS}); close finished ones")
+        try:
+            env = make(req.env, **req.params)
+        except ValueError as e:
+            raise HTTPException(400, str(e)) from e
+        observation, info = await env.reset(req.seed)
+        sid = uuid.uuid4().hex
+        sessions[sid] = env
+        return {"session_id": sid, "observation": observation, "info": info}
+
+    @app.post("/step")
+    async def step(req: StepRequest) -> dict[str, Any]:
+        env = sessions.get(req.session_id)
+        if env is None:
+            raise HTTPException(404, f"session_id: unknown or finished session {req.session_id!r}")
+        try:
+            r = await env.step(req.action)
+        except EpisodeOver as e:
+            sessions.pop(req.session_id, None)
+            raise HTTPException(409, str(e)) from e
+        if r.done:
+            sessions.pop(req.session_id, None)
+        return {"observation": r.observation, "reward": r.reward, "terminated": r.terminated,
+                "truncated": r.truncated, "info": r.info}
+
+    @app.post("/close")
+    async def close(req: CloseRequest) -> dict[str, Any]:
+        sessions.pop(req.session_id, None)
+        return {}
+
+    return app
+
+
+class RemoteError(RuntimeError):
+    """The environment server answered with an error or something that is not the protocol."""
+
+
+class RemoteEnvironment:
+    """`Environment` backed by a server speaking the protocol above; every call has a deadline (`timeout_s`)."""
+
+    def __init__(self, url: str, env: str, params: dict[str, Any] | None = None, timeout_s: float = 30.0,
+                 client: httpx.AsyncClient | None = None) -> None:
+        self.url, self.env, self.params, self.timeout_s = url.rstrip("/"), env, dict(params or {}), timeout_s
+        self._client = client or httpx.AsyncClient(timeout=timeout_s)
+        self._own_client = client is None
+        self.session_id: str | None = None
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            r = await self._client.post(f"{self.url}{path}", json=body, timeout=self.timeout_s)
+        except httpx.HTTPError as e:
+            raise RemoteError(f"{self.url}{path}: {type(e).__name__}: {e}") from e
+        if r.status_code == 409:
+            raise EpisodeOver(f"{self.url}{path}: {r.text[:500]}")
+        if r.status_code != 200:
+            raise RemoteError(f"{self.url}{path}: HTTP {r.status_code}: {r.text[:500]}")
+        try:
+            doc = r.json()
+        except ValueError as e:
+            raise RemoteError(f"{self.url}{path}: the answer is not JSON") from e
+        if not isinstance(doc, dict):
+            raise RemoteError(f"{self.url}{path}: expected a JSON object, got {type(doc).__name__}")
+        return doc
+
+    async def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
+        doc = await self._post("/reset", {"env": self.env, "params": self.params, "seed": seed})
+        try:
+            self.session_id = str(doc["session_id"])
+            return str(doc["observation"]), dict(doc.get("info") or {})
+        except (KeyError, TypeError, ValueError) as e:
+            raise RemoteError(f"{self.url}/reset: malformed answer: {e}") from e
+
+    async def step(self, action_text: str) -> StepResult:
+        if self.session_id is None:
+            raise EpisodeOver("remote environment: step before reset")
+        doc = await self._post("/step", {"session_id": self.session_id, "action": action_text})
+        try:
+            result = StepResult(str(doc["observation"]), float(doc["reward"]), bool(doc["terminated"]),
+                                bool(doc["truncated"]), dict(doc.get("info") or {}))
+        except (KeyError, TypeError, ValueError) as e:
+            raise RemoteError(f"{self.url}/step: malformed answer: {e}") from e
+        if result.done:
+            self.session_id = None
+        return result
+
+    async def aclose(self) -> None:
+        if self.session_id is not None:
+            try:
+                await self._post("/close", {"session_id": self.session_id})
+            finally:
+                self.session_id = None
+        if self._own_client:
+            await self._client.aclose()
