@@ -91,7 +91,7 @@ class TrainingRunner:
         model_state, opt_tensors, meta = load_checkpoint(self.ctx.store, self.ctx.paths, v)
         self.policy.load_state(model_state, unflatten_optimizer_state(opt_tensors, meta["optimizer_skeleton"]))
         extra = {name: load_checkpoint_tensors(self.ctx.store, self.ctx.paths, v, name)
-                 for name in self.learner.checkpoint_extra()}
+                 for name in self.learner.extra_file_names()}
         self.learner.load_extra(extra)
         self.reader.restore(meta["cursors"])
         self.counters = Counters(meta["counters"])

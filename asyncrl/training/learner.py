@@ -86,19 +86,18 @@ class Learner:
         adv, returns = gae(token_rewards, values.mean(dim=0), mask, gamma=cfg.gamma, lam=cfg.lam)
         metrics: dict[str, float] = {}
         owner: Tensor | None = None
+        valid = mask > 0
         if cfg.asyppo is not None:
             adv_mask, ent_mask = disagreement_masks(values, mask, k=cfg.asyppo.adv_mask_k, h=cfg.asyppo.ent_filter_h)
             adv = adv * adv_mask
             batch.entropy_mask = ent_mask
             owner = critic_owner(batch.index_in_group, batch.group_size, cfg.asyppo.num_critics)
-            valid = mask > 0
             n = max(int(valid.sum()), 1)
             sigma = values.std(dim=0, unbiased=False)
             metrics["asyppo/adv_masked_fraction"] = float(((adv_mask == 0) & valid).sum()) / n
             metrics["asyppo/ent_filtered_fraction"] = float(((ent_mask == 0) & valid).sum()) / n
             metrics["asyppo/disagreement_mean"] = float(sigma[valid].mean()) if bool(valid.any()) else 0.0
         batch.advantages = adv
-        valid = mask > 0
         metrics["advantage/mean"] = float(adv[valid].mean()) if bool(valid.any()) else 0.0
         metrics["advantage/abs_mean"] = float(adv[valid].abs().mean()) if bool(valid.any()) else 0.0
         metrics.update(self.critics.train_step(batch, returns, owner))
@@ -108,6 +107,10 @@ class Learner:
 
     def named_weights(self) -> list[tuple[str, Tensor]]:
         return self.policy.named_weights()
+
+    def extra_file_names(self) -> tuple[str, ...]:
+        """The names of the tensor files `checkpoint_extra` writes (none without critics)."""
+        return (CRITIC_FILE, CRITIC_OPTIMIZER_FILE) if self.critics is not None else ()
 
     def checkpoint_extra(self) -> dict[str, dict[str, Tensor]]:
         """The critics' tensor files for the checkpoint (empty without critics)."""

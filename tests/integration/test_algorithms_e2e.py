@@ -109,6 +109,7 @@ def test_variant_trains_and_logs(variant: str, engine_groups, mlflow_uri: str) -
                 assert all(torch.equal(before[n], w) for n, w in learner.named_weights())
         after = dict(learner.named_weights())
         extra = learner.checkpoint_extra()
+        assert set(extra) == set(learner.extra_file_names())  # what resume reads back is what was written
         if extra:  # the critics' checkpoint files restore the same values in a fresh learner
             batch = build_batch(groups, norm_std=cfg.norm_std, pad_id=0)
             values = learner.critics.values(batch)
