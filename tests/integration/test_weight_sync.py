@@ -129,33 +129,46 @@ def _wait_for(url: str, what: str, ok: Any, worker: threading.Thread, timeout_s:
 
 
 def _span_one_update(url: str, trainer_model: torch.nn.Module, sender: WeightSender, attempt: int
-                     ) -> tuple[dict[str, Any], int] | None:
-    """One long request with a push landing mid-way; (the aborted request's answer, old version), or None when
-    the push could not be placed mid-request (on 2 shared cores an HTTP call can stall for seconds)."""
+                     ) -> tuple[dict[str, Any], int] | str:
+    """One long request with a push landing mid-way; (the aborted request's answer, old version), or why the push
+    could not be placed mid-request (on 2 shared cores an HTTP call can stall for seconds)."""
     n_max = MAX_MODEL_LEN // 2  # ~15 s of decoding; never a sequence up to max_model_len on the shared engine
     v = _health(url)["version"]
     result: dict[str, Any] = {}
+    errors: list[BaseException] = []
     rid = f"spanning-{attempt}"
-    worker = threading.Thread(target=lambda: result.update(
-        _generate(url, rid, max_tokens=n_max, seed=7, min_tokens=n_max, ignore_eos=True)))
+
+    def generate() -> None:
+        try:
+            result.update(_generate(url, rid, max_tokens=n_max, seed=7, min_tokens=n_max, ignore_eos=True))
+        except BaseException as e:  # noqa: BLE001 - reported in the attempt's reason
+            errors.append(e)
+
+    worker = threading.Thread(target=generate)
+    t0 = time.monotonic()
     worker.start()
     try:
         h = _wait_for(url, "20 tokens", lambda h: h["running"] == 1 and 0 < h["load"] <= n_max - 20, worker)
-        if h is None or h["load"] < n_max // 2:
-            return None
+        if h is None:
+            return f"the request ended before 20 tokens ({errors or result.get('finish_reason')})"
+        if h["load"] < 200:  # a health call stalled while nearly all of the request decoded
+            return f"only {h['load']} tokens left when first seen running, after {time.monotonic() - t0:.1f} s"
+        t_push = time.monotonic()
         sender.push(v + 1, _perturb(trainer_model, seed=2 + attempt))
+        push_s = time.monotonic() - t_push
         h = _health(url)
         if not (h["version"] == v + 1 and h["running"] == 1 and h["load"] >= 64):
-            return None
+            return f"after a {push_s:.1f} s push: {h}"
         if _wait_for(url, "20 new tokens", lambda g: g["load"] <= h["load"] - 20, worker) is None:
-            return None
+            return f"the request ended before 20 new tokens ({errors or result.get('finish_reason')})"
         if httpx.post(f"{url}/abort", json={"request_id": rid}).json()["aborted"] is not True:
-            return None
+            return "the request ended before its abort"
     finally:
         if worker.is_alive():
             httpx.post(f"{url}/abort", json={"request_id": rid})
         worker.join(timeout=120)
     assert not worker.is_alive()
+    assert not errors, errors
     return result, v
 
 
@@ -166,13 +179,16 @@ def test_request_spanning_an_update_continues_under_new_weights(
     original = [(n, p.detach().clone()) for n, p in trainer_model.named_parameters()]
     # A request that nothing but an abort can end (min_tokens = max_tokens, ignore_eos); the update lands while it
     # decodes, then it is aborted. Up to five attempts: a push that missed the request is retried, never skipped.
+    missed: list[str] = []
     for attempt in range(5):
         old_model_state = {k: t.clone() for k, t in trainer_model.state_dict().items()}
         got = _span_one_update(url, trainer_model, sender, attempt)
-        if got is not None:
+        if not isinstance(got, str):
             break
+        missed.append(got)
+        time.sleep(2.0)  # let a stalled machine settle before the next attempt
     else:
-        raise AssertionError("five attempts in a row could not land an update mid-request")
+        raise AssertionError(f"five attempts in a row could not land an update mid-request: {missed}")
     result, v = got
     versions, tokens, lps = result["token_versions"], result["token_ids"], result["logprobs"]
     n = len(tokens)
