@@ -8,6 +8,10 @@ Invariants (checked by `Sample.validate`):
 - `loss_mask`, when given, has one 0/1 entry per response token: 1 on tokens the policy generated and is trained
   on, 0 on tokens that are not trained on (environment observations, or decode padding past the first EOS of a
   length-shaped benchmark workload). None means every response token is trained on.
+- a multi-turn sample (agentic task) has `turn_offsets` and `turn_rewards`, one entry per policy turn: turn i's
+  generated tokens start at response position `turn_offsets[i]` (strictly increasing, first 0, each on a loss-mask
+  1 token) and run up to the next run of masked (observation) tokens; `turn_rewards[i]` is the environment's reward
+  for the action of turn i, and `reward` is their sum. A turn's versions are its slice of `token_versions`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,12 @@ class Sample:
     reward: float = 0.0
     finish_reason: str = "stop"
     loss_mask: list[int] | None = None
+    turn_offsets: list[int] | None = None
+    turn_rewards: list[float] | None = None
+
+    @property
+    def num_turns(self) -> int:
+        return 1 if self.turn_offsets is None else len(self.turn_offsets)
 
     def mask(self) -> list[int]:
         """The loss mask with None expanded to all ones."""
@@ -46,6 +56,10 @@ class Sample:
                 f"sample {self.group_id}/{self.sample_index}: loss_mask must hold one 0/1 entry per response token "
                 f"({n}), got {len(self.loss_mask)} entries"
             )
+        if (self.turn_offsets is None) != (self.turn_rewards is None):
+            raise ValueError(f"sample {self.group_id}/{self.sample_index}: turn_offsets and turn_rewards go together")
+        if self.turn_offsets is not None and self.turn_rewards is not None:
+            self._validate_turns(n)
         if not self.prompt_token_ids:
             raise ValueError(f"sample {self.group_id}/{self.sample_index}: empty prompt_token_ids")
         prev = self.start_version
@@ -56,6 +70,19 @@ class Sample:
                     f">= start_version {self.start_version}, got {self.token_versions}"
                 )
             prev = v
+
+    def _validate_turns(self, n: int) -> None:
+        offsets, rewards, mask = self.turn_offsets or [], self.turn_rewards or [], self.mask()
+        where = f"sample {self.group_id}/{self.sample_index}"
+        if not offsets or len(offsets) != len(rewards):
+            raise ValueError(f"{where}: expected one turn_rewards entry per turn offset (at least one), got "
+                             f"{len(offsets)} offsets and {len(rewards)} rewards")
+        if offsets[0] != 0 or any(b <= a for a, b in zip(offsets, offsets[1:], strict=False)) or offsets[-1] >= max(n, 1):
+            raise ValueError(f"{where}: turn_offsets must start at 0 and increase strictly below {n}, got {offsets}")
+        if n and any(mask[o] != 1 for o in offsets):
+            raise ValueError(f"{where}: every turn must start on a trained-on (loss_mask 1) token, got {offsets}")
+        if any(r != r or r in (float("inf"), float("-inf")) for r in rewards):
+            raise ValueError(f"{where}: turn_rewards must be finite, got {rewards}")
 
 
 @dataclass

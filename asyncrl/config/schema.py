@@ -8,7 +8,7 @@ that the chosen loss does not have, ...). Unknown keys are errors, so a typo nev
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -65,6 +65,41 @@ class TaskConfig(_Section):
         return 1 + 2 * len(str(self.max_operand)) + 2
 
 
+class EnvInjectionConfig(_Section):
+    """Faults and latency injected into every environment step (benchmarks and fault tests)."""
+
+    latency_mean_s: float = Field(0.0, ge=0, le=3600, description="Mean injected latency of a step (lognormal).")
+    latency_std_s: float = Field(0.0, ge=0, le=3600, description="Its standard deviation (0: every step waits the mean).")
+    slowdown_rate: float = Field(0.0, ge=0, le=1, description="Share of steps slowed down by slowdown_factor.")
+    slowdown_factor: float = Field(10.0, ge=1, le=1000)
+    failure_rate: float = Field(0.0, ge=0, le=1, description="Share of steps that raise.")
+    garbage_rate: float = Field(0.0, ge=0, le=1, description="Share of steps that return a malformed result.")
+    hang_rate: float = Field(0.0, ge=0, le=1, description="Share of steps that never return (blocking the worker).")
+    seed: int = 0
+
+
+class EnvConfig(_Section):
+    """An agentic task: a registered environment driven over several turns (see asyncrl.envs)."""
+
+    name: str = Field("frozenlake", min_length=1, description="A registered environment (frozenlake, sokoban, "
+                      "tool_use, remote).")
+    params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment.")
+    system_prompt: str = Field("", description="Optional system message before the first observation.")
+    max_turns: int = Field(8, ge=1, le=1024, description="Turns (generate + step) before an episode is truncated.")
+    executor: Literal["inline", "threads", "processes"] = Field(
+        "threads", description="Where environment steps run: on the event loop (natively async environments), in "
+        "worker threads, or one worker process per episode (killed at its deadline).")
+    max_concurrent_steps: int = Field(32, ge=1, le=65536, description="Environment steps at once per environment type.")
+    step_timeout_s: float = Field(30.0, gt=0, le=86400, description="Deadline of one reset or step.")
+    hang_report_s: float = Field(60.0, gt=0, description="Report trajectories with no progress for this long.")
+    num_eval: int = Field(64, ge=1, le=100_000, description="Held-out levels (seeds 0..num_eval-1; train seeds "
+                          "start at 1,000,000).")
+    demonstrations: int = Field(48, ge=0, le=100_000, description="Built-in tiny model: solved train levels of the "
+                                "supervised warm start.")
+    seed: int = 0
+    injection: EnvInjectionConfig | None = Field(None, description="Injected latency and faults.")
+
+
 class LengthTailConfig(_Section):
     """Benchmark workload shaping: long-tailed decode lengths on a task whose answers are short.
 
@@ -103,6 +138,8 @@ class RolloutConfig(_Section):
     extra_groups: int = Field(0, ge=0, le=4096, description="Redundant groups in flight beyond what the steps need; "
                               "the slowest are aborted once their steps are full.")
     dynamic_filter: bool = Field(False, description="Drop (and replace) groups whose rewards are all equal.")
+    replace_failed: int = Field(0, ge=0, le=1024, description="Failed samples (a generation, environment or score "
+                                "failure) replaced per group by a new sample of the same prompt.")
     partial_rollout: Literal["continue", "resubmit"] = Field(
         "continue", description="On a weight update, running requests continue under the new weights (continue), or "
         "are aborted and re-sent with their partial tokens appended (resubmit)."
@@ -292,6 +329,7 @@ class RunConfig(_Section):
     storage: StorageConfig = StorageConfig()
     tracking: TrackingConfig = TrackingConfig()
     timeouts: TimeoutsConfig = TimeoutsConfig()
+    env: EnvConfig | None = Field(None, description="Agentic multi-turn task; replaces `task` when set.")
     eval_before_after: bool = Field(True, description="Greedy accuracy on the eval split before and after training.")
 
     @model_validator(mode="after")
@@ -327,8 +365,28 @@ class RunConfig(_Section):
                 f"training.asyppo.num_critics: expected <= rollout.samples_per_prompt ({ro.samples_per_prompt}), each "
                 f"critic trains on its own share of every group; got {tr.asyppo.num_critics}"
             )
+        if self.env is not None:
+            self._check_env(self.env)
         if ro.prompts_per_step % ro.num_writers:
             raise ValueError(
                 f"rollout.num_writers: expected a divisor of rollout.prompts_per_step ({ro.prompts_per_step}), got {ro.num_writers}"
             )
         return self
+
+    @staticmethod
+    def _check_env(env: EnvConfig) -> None:
+        """The environment exists and takes these parameters (a built-in one is constructed once to check)."""
+        from asyncrl.envs import make, registered  # the registry; environments do not import the config
+
+        if env.name == "remote":
+            missing = [k for k in ("url", "env") if not isinstance(env.params.get(k), str) or not env.params.get(k)]
+            if missing:
+                raise ValueError(f"env.params: a remote environment needs {missing} (the server URL and the "
+                                 f"environment name it serves)")
+            return
+        if env.name not in registered():
+            raise ValueError(f"env.name: unknown environment {env.name!r}; expected one of {[*registered(), 'remote']}")
+        try:
+            make(env.name, **env.params)
+        except ValueError as e:
+            raise ValueError(f"env.params: {e}") from e

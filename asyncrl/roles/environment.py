@@ -5,6 +5,7 @@ For single-turn verifiable tasks: takes prompts from the train split and offers 
 its decisions into requests and aborts on the generation servers, scores each finished sample at once through the
 reward role, and writes each kept group to S3 as one Parquet object (`groups/<writer>/<seq>.parquet`). It follows
 the trainer through `versions/latest.json` (version, and how many of this writer's groups it trained and read).
+On an agentic task (`env` set) each sample is a multi-turn episode: see `asyncrl.roles.agentic`.
 With `partial_rollout: resubmit` a request aborted for a weight update is re-sent with its partial tokens appended.
 Every `stats_interval_s` it writes its rollout metrics (aborts, drops, in-flight, per-server busy fraction and
 tokens/s) to `stats/<writer>.json` for the trainer to log. Stops when the run's `done` marker appears.
@@ -97,7 +98,7 @@ def scheduler_config(cfg: RunConfig, num_servers: int, writer: str) -> Scheduler
         group_size=ro.samples_per_prompt, num_servers=num_servers, extra_samples=ro.extra_samples_per_prompt,
         extra_groups=ro.extra_groups, routing=ro.routing, replicate=ro.replicate_prompts,
         dynamic_filter=ro.dynamic_filter, partial_rollout=ro.partial_rollout, max_new_tokens=ro.max_new_tokens,
-        writer=writer,
+        writer=writer, replace_failed=ro.replace_failed,
     )
 
 
@@ -251,10 +252,15 @@ class EnvironmentRunner:
                     metrics[f"rollout/server{i}/{k}"] = v
         for i, n in enumerate(self.sched.server_requests):
             metrics[f"rollout/server{i}/requests_in_flight"] = n
+        metrics.update(self.extra_metrics())
         self._health = health
         doc = {"writer": self.ctx.role_id, "time": time.time(), "metrics": metrics}
         await asyncio.to_thread(self.ctx.store.put_json, self.ctx.paths.rollout_stats(self.ctx.role_id), doc)
         return metrics
+
+    def extra_metrics(self) -> dict[str, float]:
+        """Metrics a subclass adds to the published rollout stats."""
+        return {"rollout/replaced_samples": float(self.sched.stats.samples_replaced)}
 
     # ---- main loop -----------------------------------------------------------------------------------
     async def follow_trainer(self) -> None:
@@ -305,7 +311,12 @@ async def run_environment(ctx: RoleContext) -> None:
     async with httpx.AsyncClient(limits=limits) as client:
         gens = [GenerationClient(base_url(d), client, cfg.timeouts.http_s) for d in gen_docs]
         reward = RewardClient(base_url(reward_docs[0]), client, cfg.timeouts.http_s)
-        await EnvironmentRunner(ctx, gens, reward).run()
+        if cfg.env is not None:
+            from asyncrl.roles.agentic import AgenticRunner  # the agentic runner builds on this module
+
+            await AgenticRunner(ctx, gens, reward).run()
+        else:
+            await EnvironmentRunner(ctx, gens, reward).run()
 
 
 def main(argv: list[str] | None = None) -> None:

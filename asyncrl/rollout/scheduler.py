@@ -28,7 +28,9 @@ Aborts and drops:
 - stale: when the version becomes v, a live group with start_version < v − α can never be trained: aborted;
 - surpassed (redundant groups): a live group whose last usable step start_version + α has all its slots filled by
   trained and written groups is aborted;
-- a group whose remaining samples cannot reach n (failures) is aborted; with dynamic filtering a complete group
+- a failed sample (its request, environment step or score failed) is replaced by a new sample of the same group
+  (the next free sample index) while the group has replacements left (`replace_failed` per group); a group whose
+  remaining samples cannot reach n is aborted (and replaced by admission); with dynamic filtering a complete group
   whose kept rewards are all equal (no GRPO signal) is dropped and replaced.
 
 Invariants (checked by `check_invariants`, used by the tests and the simulator):
@@ -77,6 +79,8 @@ class _Group:
     group_id: str
     prompt_index: int
     start_version: int
+    prompt_tokens: int = 0
+    replacements: int = 0
     samples: dict[int, _Sample] = field(default_factory=dict)
     finish_order: list[int] = field(default_factory=list)
 
@@ -95,6 +99,7 @@ class SchedulerStats:
     samples_failed: int = 0
     samples_aborted: int = 0
     samples_dropped: int = 0
+    samples_replaced: int = 0
     resubmits: int = 0
 
     @property
@@ -118,6 +123,7 @@ class SchedulerConfig:
     partial_rollout: PartialRollout = "continue"
     max_new_tokens: int = 256
     writer: str = "env0"
+    replace_failed: int = 0
 
     def __post_init__(self) -> None:
         if self.async_ratio < 0:
@@ -125,7 +131,7 @@ class SchedulerConfig:
         for name in ("prompts_per_step", "group_size", "num_servers", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
-        for name in ("extra_samples", "extra_groups"):
+        for name in ("extra_samples", "extra_groups", "replace_failed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)}")
 
@@ -218,7 +224,7 @@ class RolloutScheduler:
         if not self.can_admit():
             raise RuntimeError("admission closed: check can_admit() before offering a prompt")
         c = self.cfg
-        group = _Group(f"{c.writer}-{self.stats.admitted:09d}", prompt_index, self.version)
+        group = _Group(f"{c.writer}-{self.stats.admitted:09d}", prompt_index, self.version, prompt_tokens)
         self._groups[group.group_id] = group
         self.stats.admitted += 1
         decisions: list[Decision] = []
@@ -402,6 +408,14 @@ class RolloutScheduler:
     def _fail(self, group: _Group, index: int, sample: _Sample) -> list[Decision]:
         sample.state = "failed"
         self.stats.samples_failed += 1
+        if group.replacements < self.cfg.replace_failed:
+            group.replacements += 1
+            self.stats.samples_replaced += 1
+            self.stats.samples_started += 1
+            new_index = max(group.samples) + 1
+            fresh = _Sample(context_tokens=group.prompt_tokens)
+            group.samples[new_index] = fresh
+            return [self._start(group, new_index, fresh, self._pick_server(group.prompt_tokens))]
         alive = sum(1 for s in group.samples.values() if s.state != "failed")
         if alive >= self.cfg.group_size:
             return []

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from asyncrl.training.advantages import group_advantages
-from asyncrl.types import Group
+from asyncrl.types import Group, Sample
 
 
 @dataclass
@@ -36,6 +36,7 @@ class TrainBatch:
     index_in_group: Tensor  # [S] long, position of the sample among its group's samples (AsyPPO critic shares)
     group_size: Tensor  # [S] long, samples in the sample's group
     entropy_mask: Tensor  # [S, T] float, 1 where the entropy bonus applies (AsyPPO's filter clears some), else 0
+    token_rewards: Tensor  # [S, T] float, each turn's reward on its last trained-on token (GAE's input), else 0
 
     @property
     def num_samples(self) -> int:
@@ -67,6 +68,21 @@ class TrainBatch:
         return out
 
 
+def reward_positions(sample: Sample) -> list[tuple[int, float]]:
+    """(response position, reward) pairs: each turn's reward on its last trained-on token; a single-turn sample's
+    reward on its last trained-on token. Positions index the response; a sample with no such token gives []."""
+    mask = sample.mask()
+    offsets = sample.turn_offsets or [0]
+    rewards = sample.turn_rewards or [sample.reward]
+    out = []
+    for k, (start, reward) in enumerate(zip(offsets, rewards, strict=True)):
+        end = offsets[k + 1] if k + 1 < len(offsets) else len(mask)
+        last = next((j for j in range(end - 1, start - 1, -1) if mask[j]), None)
+        if last is not None:
+            out.append((last, float(reward)))
+    return out
+
+
 def build_batch(groups: list[Group], norm_std: bool, pad_id: int) -> TrainBatch:
     """Build the batch of `groups` (in order, samples in group order) with GRPO advantages per group."""
     if not groups:
@@ -82,6 +98,7 @@ def build_batch(groups: list[Group], norm_std: bool, pad_id: int) -> TrainBatch:
     behav = torch.zeros((n_rows, t_len), dtype=torch.float32)
     adv = torch.zeros((n_rows, t_len), dtype=torch.float32)
     versions = torch.full((n_rows, t_len), -1, dtype=torch.long)
+    token_rewards = torch.zeros((n_rows, t_len), dtype=torch.float32)
     for i, (s, a) in enumerate(samples):
         s.validate()
         p, n = len(s.prompt_token_ids), len(s.token_ids)
@@ -93,6 +110,8 @@ def build_batch(groups: list[Group], norm_std: bool, pad_id: int) -> TrainBatch:
             behav[i, p : p + n] = torch.tensor(s.logprobs, dtype=torch.float32)
             adv[i, p : p + n] = a
             versions[i, p : p + n] = torch.tensor(s.token_versions, dtype=torch.long)
+            for j, r in reward_positions(s):
+                token_rewards[i, p + j] = r
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -106,4 +125,5 @@ def build_batch(groups: list[Group], norm_std: bool, pad_id: int) -> TrainBatch:
         index_in_group=torch.tensor([i for i, _ in positions], dtype=torch.long),
         group_size=torch.tensor([n for _, n in positions], dtype=torch.long),
         entropy_mask=response_mask.clone(),
+        token_rewards=token_rewards,
     )

@@ -23,7 +23,7 @@ from pathlib import Path
 from torch import Tensor
 
 from asyncrl.config.schema import TrainingConfig
-from asyncrl.training.advantages import gae, outcome_token_rewards
+from asyncrl.training.advantages import gae
 from asyncrl.training.asyppo import critic_owner, disagreement_masks
 from asyncrl.training.batch import TrainBatch
 from asyncrl.training.critic import CriticEnsemble
@@ -82,8 +82,7 @@ class Learner:
         cfg = self.cfg
         mask = batch.response_mask
         values = self.critics.values(batch)  # [M, S, T], before the update
-        token_rewards = outcome_token_rewards(batch.rewards, mask)
-        adv, returns = gae(token_rewards, values.mean(dim=0), mask, gamma=cfg.gamma, lam=cfg.lam)
+        adv, returns = gae(batch.token_rewards, values.mean(dim=0), mask, gamma=cfg.gamma, lam=cfg.lam)
         metrics: dict[str, float] = {}
         owner: Tensor | None = None
         valid = mask > 0

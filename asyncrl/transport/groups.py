@@ -39,6 +39,8 @@ GROUP_SCHEMA = pa.schema(
         ("reward", pa.float64()),
         ("finish_reason", pa.string()),
         ("loss_mask", pa.list_(pa.int8())),
+        ("turn_offsets", pa.list_(pa.int32())),  # empty: a single-turn sample
+        ("turn_rewards", pa.list_(pa.float64())),
     ]
 )
 _MAX_WRITE_ATTEMPTS = 1000
@@ -64,6 +66,8 @@ def encode_groups(groups: Iterable[Group]) -> bytes:
             rows["reward"].append(s.reward)
             rows["finish_reason"].append(s.finish_reason)
             rows["loss_mask"].append(s.mask())
+            rows["turn_offsets"].append(s.turn_offsets or [])
+            rows["turn_rewards"].append(s.turn_rewards or [])
     if count == 0:
         raise ValueError("encode_groups: expected at least one group")
     table = pa.table(rows, schema=GROUP_SCHEMA)
@@ -129,6 +133,8 @@ def decode_groups(data: bytes, source: str) -> list[Group]:
                 reward=cols["reward"][i],
                 finish_reason=cols["finish_reason"][i],
                 loss_mask=None if all(cols["loss_mask"][i]) else cols["loss_mask"][i],  # all ones reads as None
+                turn_offsets=cols["turn_offsets"][i] or None,
+                turn_rewards=cols["turn_rewards"][i] or None,
             )
         )
     for g in groups.values():

@@ -3,6 +3,7 @@
 import pytest
 
 from asyncrl.config import ConfigError, load_config
+from asyncrl.config.schema import RunConfig
 
 
 def write(tmp_path, text):
@@ -86,3 +87,22 @@ def test_rollout_engine_options_are_checked():
                                                "rollout.max_new_tokens=12", "generation.max_model_len=64",
                                                "rollout.length_tail={median_tokens: 4, sigma: 1.5}"])
     assert cfg.rollout.extra_groups == 4 and cfg.rollout.length_tail.sigma == 1.5
+
+
+@pytest.mark.parametrize("env, match", [
+    ({"name": "nope"}, "env.name: unknown environment 'nope'"),
+    ({"name": "frozenlake", "params": {"sizee": 4}}, "env.params: environment 'frozenlake': bad parameters"),
+    ({"name": "remote", "params": {"url": "http://127.0.0.1:1"}}, r"env.params: a remote environment needs \['env'\]"),
+    ({"name": "frozenlake", "max_turns": 0}, "max_turns"),
+    ({"name": "frozenlake", "injection": {"failure_rate": 1.5}}, "failure_rate"),
+    ({"name": "frozenlake", "executor": "fibers"}, "executor"),
+])
+def test_env_section_errors_name_the_field(env, match):
+    with pytest.raises(ValueError, match=match):
+        RunConfig(env=env)
+
+
+def test_env_section_accepts_built_in_and_remote_environments():
+    assert RunConfig(env={"name": "sokoban", "params": {"size": 6}}).env.name == "sokoban"
+    cfg = RunConfig(env={"name": "remote", "params": {"url": "http://127.0.0.1:1", "env": "frozenlake"}})
+    assert cfg.env.executor == "threads" and cfg.rollout.replace_failed == 0

@@ -176,6 +176,24 @@ def test_failed_sample_with_a_spare_does_not_fail_the_group():
     s.check_invariants()
 
 
+def test_failed_trajectory_is_replaced_within_its_group_until_the_replacements_run_out():
+    s = make(alpha=0, b=1, n=2, servers=2, replace_failed=2)
+    (g,) = admit_all(s, prompt_tokens=5)
+    gid = g[0].group_id
+    assert s.request_finished(gid, 0, 3) == []
+    # the environment failed sample 0: a new sample (index 2) of the same group starts from the prompt
+    assert s.env_failed(gid, 0) == [Start(gid, 0, 2, 0, 0, turn=0, context_tokens=5)]
+    assert s.sample_failed(gid, 2) == [Start(gid, 0, 3, 0, 0, turn=0, context_tokens=5)]
+    assert s.stats.samples_replaced == 2 and s.stats.samples_started == 4 and s.stats.samples_failed == 2
+    s.check_invariants()
+    finish(s, g[1])
+    assert finish(s, Start(gid, 0, 3, 0, 0, turn=0, context_tokens=5)) == [EmitGroup(gid, 0, 0, (1, 3))]
+    s.check_invariants()
+    s.version_advanced(1, trained=1, consumed=1)
+    (h,) = admit_all(s)  # replacements are per group: the next group has its own two
+    assert s.sample_failed(h[0].group_id, 0)[0].sample_index == 2
+
+
 def test_unrequested_abort_fails_the_sample():
     s = make(alpha=0, b=1, n=2, servers=1)
     (g,) = admit_all(s)
@@ -243,7 +261,7 @@ def test_invariants_hold_under_random_event_sequences(seed):
     rng = random.Random(seed)
     s = make(alpha=rng.randint(0, 2), b=rng.randint(1, 3), n=rng.randint(1, 3), servers=rng.randint(1, 3),
              extra_samples=rng.randint(0, 2), extra_groups=rng.randint(0, 2), dynamic_filter=rng.random() < 0.5,
-             partial_rollout=rng.choice(["continue", "resubmit"]))
+             partial_rollout=rng.choice(["continue", "resubmit"]), replace_failed=rng.randint(0, 2))
     running: dict[str, Start] = {}
     awaiting: list[tuple[str, int]] = []
     emitted: list[EmitGroup] = []
