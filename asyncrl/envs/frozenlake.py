@@ -5,7 +5,9 @@ the goal is reachable. On a slippery lake a move goes where it was meant with pr
 (perpendicular) with 1/3 each, as in Gymnasium's FrozenLake; the slips are drawn from the episode's seed, so an
 episode is a pure function of (seed, actions). Moving into the edge leaves the player in place.
 
-Text: the observation is the grid (`P` player, `G` goal, `H` hole, `.` ice) with the legal actions; the action
+Text: the observation is the grid (`P` player, `G` goal, `H` hole, `.` ice) with the legal actions and the steps
+left; with `instructions=False` it is the grid alone (n lines of n characters joined by "\n", no trailing newline:
+19 characters on a 4×4 lake), for small-context models that learn the rules from demonstrations. The action
 parser takes the last of `left`/`down`/`right`/`up` (any case) inside `<answer>…</answer>` if the reply has one, else
 in the whole reply. A reply with no action costs `format_penalty`, does not move, and counts as a step.
 
@@ -74,7 +76,7 @@ class FrozenLake:
     """A FrozenLake episode per `reset(seed)`; see the module docstring."""
 
     def __init__(self, size: int = 4, hole_prob: float = 0.2, slippery: bool = False, max_steps: int = 20,
-                 format_penalty: float = -0.1) -> None:
+                 format_penalty: float = -0.1, instructions: bool = True) -> None:
         if not 2 <= size <= 16:
             raise ValueError(f"size: expected 2..16, got {size}")
         if not 0 <= hole_prob < 1:
@@ -83,6 +85,7 @@ class FrozenLake:
             raise ValueError(f"max_steps: expected >= 1, got {max_steps}")
         self.size, self.hole_prob, self.slippery = size, hole_prob, slippery
         self.max_steps, self.format_penalty = max_steps, format_penalty
+        self.instructions = instructions
         self.rows: list[str] = []
         self.pos = (0, 0)
         self.steps = 0
@@ -97,6 +100,8 @@ class FrozenLake:
         return "\n".join(lines)
 
     def _observation(self) -> str:
+        if not self.instructions:
+            return self.render()
         return (f"{self.render()}\nYou are P. Reach G without stepping on H. Reply with one of left, down, right, up "
                 f"inside <answer></answer>. Steps left: {self.max_steps - self.steps}.")
 

@@ -120,7 +120,7 @@ class Sokoban:
     """A Sokoban episode per `reset(seed)`; see the module docstring."""
 
     def __init__(self, size: int = 6, num_boxes: int = 1, scramble_steps: int = 40, max_steps: int = 30,
-                 box_reward: float = 0.0, format_penalty: float = -0.1) -> None:
+                 box_reward: float = 0.0, format_penalty: float = -0.1, instructions: bool = True) -> None:
         if not 4 <= size <= 12:
             raise ValueError(f"size: expected 4..12, got {size}")
         if not 1 <= num_boxes <= 2:
@@ -129,12 +129,15 @@ class Sokoban:
             raise ValueError(f"max_steps: expected >= 1, got {max_steps}")
         self.size, self.num_boxes, self.scramble_steps = size, num_boxes, scramble_steps
         self.max_steps, self.box_reward, self.format_penalty = max_steps, box_reward, format_penalty
+        self.instructions = instructions  # False: the observation is the grid alone (small models)
         self.level: Level | None = None
         self.steps = 0
         self.done = True
 
     def _observation(self) -> str:
         assert self.level is not None
+        if not self.instructions:
+            return self.level.render()
         return (f"{self.level.render()}\nYou are @. Push every $ onto a . target (# is a wall). Reply with one of "
                 f"left, down, right, up inside <answer></answer>. Steps left: {self.max_steps - self.steps}.")
 

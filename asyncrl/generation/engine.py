@@ -174,6 +174,11 @@ class GenerationEngine:
             worker_extension_cls=WORKER_EXTENSION,
             weight_transfer_config=WeightTransferConfig(backend="asyncrl"),
             enable_prefix_caching=True,
+            # No chunked prefill: a partly prefilled request with its own seed makes vLLM rewind that request's
+            # torch.Generator offset, which a CPU generator refuses ("CPU Generator does not use offset") and the
+            # engine dies. Multi-turn contexts and resubmits prefill long prompts, so every prefill runs whole.
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=max(settings.max_model_len, 2048),
         )
         llm = AsyncLLM.from_engine_args(args)
         engine = cls(llm, settings)

@@ -33,6 +33,7 @@ from asyncrl.local.seaweed import EmbeddedS3
 from asyncrl.models.tiny import resolve_model_path
 from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.roles.context import base_url, wait_for_rendezvous
+from asyncrl.rollout.agentic_eval import evaluate_agentic
 from asyncrl.rollout.evaluation import evaluate
 from asyncrl.tasks.arithmetic import load_split
 from asyncrl.tracking.mlflow_tracker import Tracker, embedded_tracking_uri, flatten_params
@@ -162,7 +163,14 @@ class EmbeddedRun:
             time.sleep(0.5)
 
     # ---- evaluation and checks -----------------------------------------------------------------------
+    @property
+    def eval_metric(self) -> str:
+        return "held-out success rate" if self.cfg.env is not None else "accuracy"
+
     def evaluate(self, gen_docs: list[dict[str, Any]], tokenizer: Any, tag: str) -> dict[str, Any]:
+        if self.cfg.env is not None:  # agentic: greedy success rate on the held-out levels
+            return asyncio.run(evaluate_agentic([base_url(d) for d in gen_docs], self.cfg, tokenizer,
+                                                timeout_s=self.cfg.timeouts.http_s, tag=tag))
         problems = load_split(self.cfg.task, "eval")
         return asyncio.run(evaluate([base_url(d) for d in gen_docs], problems, tokenizer, task=self.cfg.task.name,
                                     max_new_tokens=self.cfg.rollout.max_new_tokens,
@@ -212,7 +220,7 @@ class EmbeddedRun:
 
         before = self.evaluate(gen_docs, tokenizer, "eval-before") if cfg.eval_before_after else None
         if before:
-            _print(f"eval before training: accuracy {before['accuracy']:.3f} ({before['correct']}/{before['n']})")
+            _print(f"eval before training: {self.eval_metric} {before['accuracy']:.3f} ({before['correct']}/{before['n']})")
         t_train = time.monotonic()
         procs.start("training-0", "asyncrl.roles.training", [*common, "--id", "0"])
         for w in range(cfg.rollout.num_writers):
@@ -222,7 +230,7 @@ class EmbeddedRun:
 
         after = self.evaluate(gen_docs, tokenizer, "eval-after") if cfg.eval_before_after else None
         if after:
-            _print(f"eval after training:  accuracy {after['accuracy']:.3f} ({after['correct']}/{after['n']})")
+            _print(f"eval after training:  {self.eval_metric} {after['accuracy']:.3f} ({after['correct']}/{after['n']})")
         checksums = self.server_checksums(gen_docs)
         in_sync = all(c.get("version") == latest.get("version") and c.get("checksum") is not None
                       and checksums_match(c["checksum"], latest["checksum"]) for c in checksums)

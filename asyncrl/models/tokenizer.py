@@ -1,10 +1,19 @@
-"""The built-in character-level tokenizer, built locally with `tokenizers` (never from a hub).
+"""The built-in character-level tokenizers, built locally with `tokenizers` (never from a hub).
 
-Owns the vocabulary, the saved tokenizer folder and the prompt/response <-> token id conversions.
+Owns the vocabularies (the "arithmetic" and the "text" character sets), the chat template of the text
+tokenizer, the saved tokenizer folder and the prompt/response <-> token id conversions.
 
 Invariants:
-- ids are fixed: <pad>=0, <bos>=1, <eos>=2, <unk>=3, then the characters of CHARS in order; every
-  character of CHARS is exactly one token, any other character is <unk>;
+- arithmetic ids are fixed: <pad>=0, <bos>=1, <eos>=2, <unk>=3, then the characters of CHARS in order; every
+  character of CHARS is exactly one token, any other character is <unk>; its saved files never change
+  (cached models depend on them): no chat template, no role tokens;
+- text ids extend the arithmetic ones: the same 19 ids, then TEXT_EXTRA_CHARS (letters, punctuation, "\n")
+  in order at 19..99, then the special role tokens <|system|>, <|user|>, <|assistant|> at 100..102;
+  a role token's text inside content is that role token (do not put it in observations);
+- the text tokenizer's chat template renders <bos> once, then per message <|role|> + content, with <eos>
+  after an assistant message's content; the generation prompt is <|assistant|>. So rendering
+  messages[:k] with add_generation_prompt is a prefix of rendering messages[:k+1] when message k is
+  the assistant's, and the model ends each turn with <eos>, the generation stop token;
 - `encode_prompt(tok, p)` == [bos] + one id per character of p, so its length is 1 + len(p)
   (what `TaskConfig.max_prompt_tokens()` counts);
 - `decode_response` stops at the first <eos> and drops other special tokens;
@@ -16,41 +25,84 @@ Invariants:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 CHARS = "0123456789+-*= "
 VOCAB: dict[str, int] = {t: i for i, t in enumerate([*SPECIAL_TOKENS, *CHARS])}
+TEXT_EXTRA_CHARS = (
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ" + "!\"#$%&'(),./:;<>?@[\\]^_`{|}~" + "\n"
+)
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
+TEXT_VOCAB: dict[str, int] = {t: i for i, t in enumerate([*SPECIAL_TOKENS, *CHARS, *TEXT_EXTRA_CHARS, *ROLE_TOKENS])}
+CHARSETS = ("arithmetic", "text")
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' }}{{ message['content'] }}"
+    "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+CHAT_ROLES = ("system", "user", "assistant")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 _SPECIAL_KWARGS = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": UNK}
 
 
-def _raw_tokenizer() -> Tokenizer:
-    """A `tokenizers.Tokenizer` splitting text into single characters looked up in VOCAB."""
-    tok = Tokenizer(models.WordLevel(vocab=dict(VOCAB), unk_token=UNK))
+def _check_charset(charset: str) -> None:
+    if charset not in CHARSETS:
+        raise ValueError(f"charset: expected one of {CHARSETS}, got {charset!r}")
+
+
+def _raw_tokenizer(charset: str = "arithmetic") -> Tokenizer:
+    """A `tokenizers.Tokenizer` splitting text into single characters looked up in the charset's vocab."""
+    _check_charset(charset)
+    vocab = VOCAB if charset == "arithmetic" else TEXT_VOCAB
+    tok = Tokenizer(models.WordLevel(vocab=dict(vocab), unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
+    if charset == "text":
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ROLE_TOKENS])
     return tok
 
 
-def make_tokenizer() -> PreTrainedTokenizerFast:
-    """The built-in tokenizer, in memory, with bos/eos/pad/unk set."""
-    return PreTrainedTokenizerFast(tokenizer_object=_raw_tokenizer(), **_SPECIAL_KWARGS)
+def make_tokenizer(charset: str = "arithmetic") -> PreTrainedTokenizerFast:
+    """The built-in tokenizer of `charset`, in memory, with bos/eos/pad/unk set (text: role tokens, chat template)."""
+    if charset == "text":
+        return PreTrainedTokenizerFast(
+            tokenizer_object=_raw_tokenizer(charset),
+            chat_template=CHAT_TEMPLATE,
+            extra_special_tokens=list(ROLE_TOKENS),
+            **_SPECIAL_KWARGS,
+        )
+    return PreTrainedTokenizerFast(tokenizer_object=_raw_tokenizer(charset), **_SPECIAL_KWARGS)
 
 
-def build_tokenizer(out_dir: str | Path) -> PreTrainedTokenizerFast:
-    """Write the tokenizer folder (tokenizer.json, tokenizer_config.json, special_tokens_map.json)."""
+def build_tokenizer(out_dir: str | Path, charset: str = "arithmetic") -> PreTrainedTokenizerFast:
+    """Write the tokenizer folder (tokenizer.json, tokenizer_config.json, special_tokens_map.json).
+
+    The text charset also gets its chat template: in tokenizer_config.json ("chat_template", what older
+    readers and vLLM look at) and in chat_template.jinja (what transformers 5 writes and reads).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = make_tokenizer()
+    tok = make_tokenizer(charset)
     tok.save_pretrained(str(out))
     # transformers 5 no longer writes special_tokens_map.json; older readers still look for it.
-    (out / "special_tokens_map.json").write_text(json.dumps(_SPECIAL_KWARGS, indent=2) + "\n")
+    specials: dict[str, object] = dict(_SPECIAL_KWARGS)
+    if charset == "text":
+        specials["additional_special_tokens"] = list(ROLE_TOKENS)
+        cfg_path = out / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["chat_template"] = CHAT_TEMPLATE
+        cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
     return tok
 
 
@@ -64,17 +116,51 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerFast:
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: expected a tokenizer.json in model folder {folder}")
-    kwargs = dict(_SPECIAL_KWARGS)
+    kwargs: dict[str, Any] = dict(_SPECIAL_KWARGS)
     cfg_path = folder / "tokenizer_config.json"
+    cfg: dict[str, Any] = {}
     if cfg_path.is_file():
         cfg = json.loads(cfg_path.read_text())
-        for key in kwargs:
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{cfg_path}: expected a JSON object")
+        for key in list(kwargs):
             value = cfg.get(key)
             if isinstance(value, str):
                 kwargs[key] = value
             elif isinstance(value, dict) and isinstance(value.get("content"), str):
                 kwargs[key] = value["content"]
+    extra = cfg.get("extra_special_tokens") or cfg.get("additional_special_tokens")
+    if isinstance(extra, list) and all(isinstance(t, str) for t in extra):
+        kwargs["extra_special_tokens"] = list(extra)
+    template = cfg.get("chat_template")
+    jinja = folder / "chat_template.jinja"
+    if not isinstance(template, str) and jinja.is_file():
+        template = jinja.read_text()
+    if isinstance(template, str):
+        kwargs["chat_template"] = template
     return PreTrainedTokenizerFast(tokenizer_file=str(path), **kwargs)
+
+
+def chat_ids(
+    tok: PreTrainedTokenizerFast, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool
+) -> list[int]:
+    """The token ids of `messages` rendered by the tokenizer's chat template, as a plain list of ints.
+
+    transformers 5 returns a BatchEncoding from apply_chat_template(tokenize=True); older versions a list.
+    """
+    if not getattr(tok, "chat_template", None):
+        raise ValueError("tokenizer: expected a chat_template (the arithmetic tokenizer has none; use charset='text')")
+    out = tok.apply_chat_template(
+        [dict(m) for m in messages], tokenize=True, add_generation_prompt=add_generation_prompt
+    )
+    if isinstance(out, Mapping) or hasattr(out, "input_ids"):
+        out = out["input_ids"]
+    ids = list(out)
+    if ids and isinstance(ids[0], list):  # a batch of one conversation
+        if len(ids) != 1:
+            raise ValueError(f"apply_chat_template: expected one conversation, got {len(ids)}")
+        ids = ids[0]
+    return [int(i) for i in ids]
 
 
 def vocab_size(tok: PreTrainedTokenizerFast) -> int:

@@ -120,6 +120,7 @@ class EnvironmentRunner:
         self.rewards_sum = 0.0
         self.samples_done = 0
         self.failures: dict[str, int] = {}
+        self.emit_lock = asyncio.Lock()
         self._health: list[dict[str, Any]] | None = None
 
     # ---- decisions -----------------------------------------------------------------------------------
@@ -222,7 +223,8 @@ class EnvironmentRunner:
         pending = self.pending.pop(d.group_id)
         group = Group(d.group_id, pending.problem.index, self.cfg.task.name,
                       [pending.samples[i] for i in d.sample_indices])
-        key = await asyncio.to_thread(self.writer.write, group)
+        async with self.emit_lock:  # one write at a time: the writer numbers its objects in sequence
+            key = await asyncio.to_thread(self.writer.write, group)
         self.written += 1
         log.debug("wrote %s (%d samples, start_version %d)", key, len(group.samples), group.start_version)
 
@@ -254,9 +256,13 @@ class EnvironmentRunner:
             metrics[f"rollout/server{i}/requests_in_flight"] = n
         metrics.update(self.extra_metrics())
         self._health = health
-        doc = {"writer": self.ctx.role_id, "time": time.time(), "metrics": metrics}
+        doc = {"writer": self.ctx.role_id, "time": time.time(), "metrics": metrics, **self.extra_stats()}
         await asyncio.to_thread(self.ctx.store.put_json, self.ctx.paths.rollout_stats(self.ctx.role_id), doc)
         return metrics
+
+    def extra_stats(self) -> dict[str, Any]:
+        """Documents a subclass adds to `stats/<writer>.json` beside the metrics."""
+        return {}
 
     def extra_metrics(self) -> dict[str, float]:
         """Metrics a subclass adds to the published rollout stats."""

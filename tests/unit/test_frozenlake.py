@@ -106,3 +106,14 @@ def test_registry_and_parameter_errors() -> None:
         make("frozenlake", colour="blue")
     with pytest.raises(ValueError, match="size"):
         make("frozenlake", size=1)
+
+
+def test_compact_observation_is_the_grid_alone() -> None:
+    assert generate_level(7) == ["S...", ".H..", "HH..", "H..G"]
+    env = make("frozenlake", size=4, instructions=False)
+    obs, _ = asyncio.run(env.reset(7))
+    assert obs == "P...\n.H..\nHH..\nH..G" and len(obs) == 19
+    r = asyncio.run(env.step("right"))
+    assert r.observation == ".P..\n.H..\nHH..\nH..G"
+    verbose, _ = asyncio.run(make("frozenlake", size=4).reset(7))
+    assert verbose.startswith(obs + "\nYou are P.") and verbose.endswith("Steps left: 20.")

@@ -120,3 +120,14 @@ def test_registry_and_parameter_errors() -> None:
     assert obs.startswith(level)
     with pytest.raises(ValueError, match="num_boxes"):
         make("sokoban", num_boxes=3)
+
+
+def test_without_instructions_the_observation_is_the_grid_alone():
+    import asyncio
+
+    from asyncrl.envs.sokoban import Sokoban
+
+    env = Sokoban(size=6, instructions=False)
+    obs, info = asyncio.run(env.reset(3))
+    assert obs == info["level"] and "Steps" not in obs and len(obs.split("\n")) == 6
+    assert asyncio.run(env.step("up")).observation.count("\n") == 5

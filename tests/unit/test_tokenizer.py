@@ -10,8 +10,12 @@ from transformers import PreTrainedTokenizerFast
 
 from asyncrl.config.schema import TaskConfig
 from asyncrl.models.tokenizer import (
+    CHAT_TEMPLATE,
+    ROLE_TOKENS,
+    TEXT_EXTRA_CHARS,
     TOKENIZER_FILES,
     build_tokenizer,
+    chat_ids,
     decode_response,
     encode_prompt,
     encode_response,
@@ -73,3 +77,69 @@ def test_saved_folder_loads_with_same_ids(tmp_path: Path) -> None:
 def test_load_missing_folder_names_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):
         load_tokenizer(tmp_path)
+
+
+# ---- the text character set and its chat template (agentic tasks) ----
+
+TWO_TURNS = [
+    {"role": "user", "content": "P.\n.G"},
+    {"role": "assistant", "content": "right"},
+    {"role": "user", "content": ".P\n.G"},
+    {"role": "assistant", "content": "down"},
+]
+
+
+def test_arithmetic_folder_has_no_chat_template(tmp_path: Path) -> None:
+    build_tokenizer(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(TOKENIZER_FILES)
+    assert "chat_template" not in json.loads((tmp_path / "tokenizer_config.json").read_text())
+    with pytest.raises(ValueError, match="chat_template"):
+        chat_ids(load_tokenizer(tmp_path), TWO_TURNS[:1], add_generation_prompt=True)
+    assert make_tokenizer("arithmetic").get_vocab() == make_tokenizer().get_vocab()
+
+
+def test_text_charset_ids() -> None:
+    tok = make_tokenizer("text")
+    assert len(tok) == 103 and len(TEXT_EXTRA_CHARS) == 81
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, tok.unk_token_id) == (0, 1, 2, 3)
+    # the arithmetic ids are unchanged ...
+    arithmetic = make_tokenizer()
+    assert encode_prompt(tok, "12+34= ") == encode_prompt(arithmetic, "12+34= ") == [1, 5, 6, 14, 7, 8, 17, 18]
+    # ... then a..z (19..44), A..Z (45..70), punctuation, "\n" = 99, then the role tokens
+    assert encode_prompt(tok, "az AZ.\n")[1:] == [19, 44, 18, 45, 70, 81, 99]
+    assert tok.convert_tokens_to_ids(list(ROLE_TOKENS)) == [100, 101, 102]
+    assert {100, 101, 102} <= set(tok.all_special_ids)
+    assert tok("x<|user|>y", add_special_tokens=False)["input_ids"] == [42, 101, 43]
+    assert encode_prompt(tok, "\t")[1:] == [3]  # not in the charset: <unk>
+
+
+@pytest.mark.parametrize("text", ["P..H\n.H..\n...G", "Hello, World! (x=3; y<4?) [a_b] {c|d} ~`^@#$%&'\"\\/"])
+def test_text_round_trip(text: str) -> None:
+    tok = make_tokenizer("text")
+    ids = encode_prompt(tok, text)
+    assert len(ids) == 1 + len(text) and 3 not in ids
+    assert decode_response(tok, encode_response(tok, text)) == text
+    assert decode_response(tok, [*ids[1:4], 101, 2, 19]) == text[:3]  # role tokens dropped, stops at <eos>
+
+
+def test_chat_template_exact_ids_after_save_and_load(tmp_path: Path) -> None:
+    build_tokenizer(tmp_path, charset="text")
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["chat_template"] == CHAT_TEMPLATE
+    tok = load_tokenizer(tmp_path)
+    assert len(tok) == 103 and {100, 101, 102} <= set(tok.all_special_ids)
+    # <bos> <|user|> P . \n . G <|assistant|> r i g h t <eos> <|user|> . P \n . G <|assistant|> d o w n <eos>
+    full = [1, 101, 60, 81, 99, 81, 51, 102, 36, 27, 25, 26, 38, 2,
+            101, 81, 60, 99, 81, 51, 102, 22, 33, 41, 32, 2]
+    assert chat_ids(tok, TWO_TURNS, add_generation_prompt=False) == full
+    assert chat_ids(tok, TWO_TURNS[:3], add_generation_prompt=True) == full[:21]
+    assert chat_ids(tok, TWO_TURNS[:1], add_generation_prompt=True) == full[:8]
+    system = [{"role": "system", "content": "Go"}, *TWO_TURNS[:1]]
+    assert chat_ids(tok, system, add_generation_prompt=False) == [1, 100, 51, 33, *full[1:7]]
+    assert chat_ids(make_tokenizer("text"), TWO_TURNS, add_generation_prompt=False) == full
+    text = tok.apply_chat_template(TWO_TURNS[:1], tokenize=False, add_generation_prompt=True)
+    assert text == "<bos><|user|>P.\n.G<|assistant|>"
+
+
+def test_unknown_charset_is_named() -> None:
+    with pytest.raises(ValueError, match="charset"):
+        make_tokenizer("unicode")

@@ -1,0 +1,186 @@
+"""Multi-turn supervised warm start of the tiny model on solved demonstrations of an agentic environment.
+
+Owns the encoding of a demonstration into (ids, labels), the greedy multi-turn success rate of a HF model on
+environment levels (no vLLM), and the SFT loop that stops early on that success rate.
+
+Invariants:
+- a training sequence is `chat_ids(tok, demo, add_generation_prompt=False)`; labels are IGNORE everywhere except on
+  each assistant message's content tokens and its closing <eos> (never the role tokens, observations, system
+  prompt or padding); the generation prompt <|assistant|> of every turn is a prefix of the next render;
+- greedy evaluation plays every level with the same chat template: per turn the conversation so far is rendered with
+  the generation prompt, up to `max_new_tokens` tokens are decoded greedily (stopping at <eos>), the decoded text is
+  the action passed to `env.step`; an episode fails when the env ends it without success, after `max_turns` turns,
+  or when the next prompt would not fit `max_positions - max_new_tokens` positions;
+- batches are drawn with a torch.Generator seeded from TinyModelConfig.seed (reproducible on one machine); the
+  learning rate follows `asyncrl.models.sft.lr_at`; the success rate is measured every `eval_every` steps and after
+  the last step, and training stops at the first measurement >= sft_target_accuracy, or after sft_steps steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from asyncrl.config.schema import TinyModelConfig
+from asyncrl.envs import make
+from asyncrl.models.evaluate import greedy_generate
+from asyncrl.models.sft import IGNORE, SftResult, lr_at, sft_loss
+from asyncrl.models.tokenizer import chat_ids, decode_response
+
+log = logging.getLogger(__name__)
+
+Message = Mapping[str, str]
+
+
+def encode_demo(tok: PreTrainedTokenizerFast, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
+    """(ids, labels) of one demonstration; labels mark assistant content + <eos> only (see module docstring)."""
+    ids = chat_ids(tok, messages, add_generation_prompt=False)
+    labels = [IGNORE] * len(ids)
+    for k, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start = len(chat_ids(tok, messages[:k], add_generation_prompt=True))
+        end = len(chat_ids(tok, messages[: k + 1], add_generation_prompt=False))
+        if ids[:end] != chat_ids(tok, messages[: k + 1], add_generation_prompt=False) or end <= start:
+            raise ValueError(f"chat template: rendering is not incremental at message {k}")
+        if ids[end - 1] != int(tok.eos_token_id):
+            raise ValueError(f"chat template: assistant message {k} does not end with <eos>")
+        labels[start:end] = ids[start:end]
+    return ids, labels
+
+
+def encode_demos(
+    tok: PreTrainedTokenizerFast, demos: Sequence[Sequence[Message]], max_positions: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded (input_ids, labels) of all demonstrations; each must fit `max_positions` tokens."""
+    seqs = [encode_demo(tok, d) for d in demos]
+    if not seqs:
+        raise ValueError("demonstrations: expected at least one")
+    width = max(len(s) for s, _ in seqs)
+    if width > max_positions:
+        raise ValueError(f"demonstrations: a demonstration has {width} tokens, more than the model's {max_positions}"
+                         " positions (use compact observations, e.g. frozenlake instructions: false)")
+    ids = torch.full((len(seqs), width), int(tok.pad_token_id), dtype=torch.long)
+    lab = torch.full((len(seqs), width), IGNORE, dtype=torch.long)
+    for i, (s, label) in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        lab[i, : len(label)] = torch.tensor(label)
+    return ids, lab
+
+
+@dataclass
+class EpisodeEval:
+    success_rate: float
+    num_success: int
+    num_levels: int
+    mean_turns: float
+    transcripts: list[list[dict[str, str]]] = field(default_factory=list)
+
+
+async def _play_levels(model: PreTrainedModel, tok: PreTrainedTokenizerFast, name: str, params: Mapping[str, Any],
+                       seeds: Sequence[int], system_prompt: str, max_turns: int, max_new_tokens: int,
+                       max_positions: int) -> EpisodeEval:
+    envs = [make(name, **dict(params)) for _ in seeds]
+    chats: list[list[dict[str, str]]] = []
+    for env, seed in zip(envs, seeds, strict=True):
+        observation, _ = await env.reset(seed)
+        chat = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        chats.append([*chat, {"role": "user", "content": observation}])
+    active = list(range(len(seeds)))
+    success = [False] * len(seeds)
+    turns = [0] * len(seeds)
+    eos, pad = int(tok.eos_token_id), int(tok.pad_token_id)
+    for _ in range(max_turns):
+        prompts = {i: chat_ids(tok, chats[i], add_generation_prompt=True) for i in active}
+        active = [i for i in active if len(prompts[i]) + max_new_tokens <= max_positions]
+        if not active:
+            break
+        gens = greedy_generate(model, [prompts[i] for i in active], max_new_tokens, eos, pad)
+        still: list[int] = []
+        for i, gen in zip(active, gens, strict=True):
+            reply = decode_response(tok, gen)
+            chats[i].append({"role": "assistant", "content": reply})
+            turns[i] += 1
+            result = await envs[i].step(reply)
+            if result.done:
+                success[i] = bool(result.info.get("success", False))
+            else:
+                chats[i].append({"role": "user", "content": result.observation})
+                still.append(i)
+        active = still
+    n = len(seeds)
+    wins = sum(success)
+    return EpisodeEval(wins / n if n else 0.0, wins, n, sum(turns) / n if n else 0.0, chats)
+
+
+@torch.no_grad()
+def evaluate_success(model: PreTrainedModel, tok: PreTrainedTokenizerFast, name: str, params: Mapping[str, Any],
+                     seeds: Sequence[int], max_turns: int, max_new_tokens: int, max_positions: int,
+                     system_prompt: str = "") -> EpisodeEval:
+    """Greedy multi-turn success rate of the model on the levels `seeds` (see the module docstring)."""
+    was_training = model.training
+    model.eval()
+    try:
+        return asyncio.run(_play_levels(model, tok, name, params, seeds, system_prompt, max_turns, max_new_tokens,
+                                        max_positions))
+    finally:
+        model.train(was_training)
+
+
+def run_agentic_sft(
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerFast,
+    demos: Sequence[Sequence[Message]],
+    evaluate: Callable[[PreTrainedModel], float],
+    cfg: TinyModelConfig,
+    max_positions: int,
+    eval_every: int = 25,
+) -> SftResult:
+    """Train in place on the demonstrations until `evaluate(model)` (a success rate in [0, 1]) reaches
+    cfg.sft_target_accuracy or cfg.sft_steps steps were taken. `accuracy` of the result is that success rate."""
+    started = time.monotonic()
+    ids, labels = encode_demos(tok, demos, max_positions)
+    pad = int(tok.pad_token_id)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0, betas=(0.9, 0.98))
+    history: list[dict[str, float]] = []
+    rate, loss_value, step = 0.0, float("nan"), 0
+    model.train()
+    if cfg.sft_steps == 0:
+        rate = float(evaluate(model))
+    for step in range(1, cfg.sft_steps + 1):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step - 1, cfg.sft_steps, cfg.sft_lr)
+        rows = torch.randint(0, ids.size(0), (cfg.sft_batch_size,), generator=gen)
+        batch_ids, batch_labels = ids[rows], labels[rows]
+        width = int((batch_ids != pad).sum(1).max())
+        loss = sft_loss(model, batch_ids[:, :width], batch_labels[:, :width], pad)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss_value = float(loss.detach())
+        if step % eval_every == 0 or step == cfg.sft_steps:
+            rate = float(evaluate(model))
+            elapsed = time.monotonic() - started
+            history.append({"step": step, "loss": loss_value, "success_rate": rate, "seconds": elapsed})
+            log.info("agentic sft step %d/%d loss %.4f dev success %.3f (%.1fs)", step, cfg.sft_steps, loss_value,
+                     rate, elapsed)
+            if rate >= cfg.sft_target_accuracy:
+                break
+    model.eval()
+    return SftResult(
+        steps=step,
+        final_loss=loss_value,
+        accuracy=rate,
+        seconds=time.monotonic() - started,
+        reached_target=rate >= cfg.sft_target_accuracy,
+        history=history,
+    )
