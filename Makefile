@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint unit build-model bench calibrate stability credit-overhead clean
+.PHONY: install run test lint unit build-model bench calibrate stability credit-overhead agentic agentic-bench clean
 
 install: $(STAMP)
 
@@ -57,6 +57,14 @@ stability: $(STAMP)
 
 credit-overhead: $(STAMP)
 	$(PY) benchmarks/attention_credit_overhead.py
+
+# The main agentic job: the tiny model on FrozenLake, multi-turn, held-out success before and after (~12 min).
+agentic: $(STAMP)
+	$(PY) -m asyncrl.cli run configs/agentic.yaml
+
+# Agentic RL with slow environments: sync against async with and without redundancy, real and simulated (~12 min).
+agentic-bench: $(STAMP)
+	$(PY) benchmarks/agentic_async_vs_sync.py
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

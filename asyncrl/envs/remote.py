@@ -147,3 +147,20 @@ class RemoteEnvironment:
                 self.session_id = None
         if self._own_client:
             await self._client.aclose()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve every registered environment: `python -m asyncrl.envs.remote --host 0.0.0.0 --port 8000`."""
+    import argparse
+
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="The reference environment server (asyncrl.envs.remote).")
+    parser.add_argument("--host", default="127.0.0.1", help="Bind address (default loopback only).")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args(argv)
+    uvicorn.run(create_env_app(), host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

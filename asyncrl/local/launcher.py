@@ -15,11 +15,14 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
 import secrets
+import shutil
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,6 +47,7 @@ from asyncrl.transport.weight_buckets import checksums_match
 log = logging.getLogger(__name__)
 
 
+MAX_RPC_DIR_CHARS = 70
 DIST_LAUNCHER_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                       "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
 
@@ -106,11 +110,20 @@ class EmbeddedRun:
         env = {**inherited, **s3.env(), "AWS_ENDPOINT_URL": s3.endpoint_url,
                "AWS_DEFAULT_REGION": self.cfg.storage.region,
                "VLLM_CACHE_ROOT": str(self.run_dir / "vllm-cache"),
-               "VLLM_RPC_BASE_PATH": str(self.run_dir / "vllm-rpc"),
+               "VLLM_RPC_BASE_PATH": str(self.rpc_dir()),
                "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(cache / "torch_extensions")),
                "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
-        (self.run_dir / "vllm-rpc").mkdir(parents=True, exist_ok=True)
+        self.rpc_dir().mkdir(parents=True, exist_ok=True)
         return env
+
+    def rpc_dir(self) -> Path:
+        """vLLM's IPC sockets: in the run folder, unless that path is too long for a Unix socket (107 bytes with
+        vLLM's 37-character socket names); then a short folder in the temp dir named after the run folder."""
+        rpc = self.run_dir.resolve() / "vllm-rpc"
+        if len(str(rpc)) <= MAX_RPC_DIR_CHARS:
+            return rpc
+        digest = hashlib.sha256(str(rpc).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"asyncrl-rpc-{digest}"
 
     def write_run_documents(self, store: S3Store) -> None:
         store.ensure_bucket()
@@ -204,6 +217,8 @@ class EmbeddedRun:
             finally:
                 _print("stopping all roles")
                 self.procs.stop_all()
+                if not self.rpc_dir().is_relative_to(self.run_dir.resolve()):
+                    shutil.rmtree(self.rpc_dir(), ignore_errors=True)
                 if self.tracker is not None:
                     self.tracker.finish("FINISHED" if (self.run_dir / "run_summary.json").exists() else "FAILED")
 

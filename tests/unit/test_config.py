@@ -1,5 +1,7 @@
 """RunConfig loading: defaults, overrides, and errors that name the field and what was expected."""
 
+from pathlib import Path
+
 import pytest
 
 from asyncrl.config import ConfigError, load_config
@@ -106,3 +108,14 @@ def test_env_section_accepts_built_in_and_remote_environments():
     assert RunConfig(env={"name": "sokoban", "params": {"size": 6}}).env.name == "sokoban"
     cfg = RunConfig(env={"name": "remote", "params": {"url": "http://127.0.0.1:1", "env": "frozenlake"}})
     assert cfg.env.executor == "threads" and cfg.rollout.replace_failed == 0
+
+
+def test_vllm_socket_folder_fits_a_unix_socket_path(tmp_path):
+    from asyncrl.local.launcher import EmbeddedRun
+
+    short = EmbeddedRun(RunConfig(runs_dir="/tmp/ar", run_id="r1"))  # nothing is created
+    assert short.rpc_dir() == Path("/tmp/ar/r1/vllm-rpc").resolve()
+    deep = EmbeddedRun(RunConfig(runs_dir=str(tmp_path / ("d" * 60)), run_id="bench-agentic-async_redundant-1"))
+    rpc = deep.rpc_dir()
+    assert len(str(rpc)) + len("/a1458236-807b-47f3-916b-f1a6979023cc") <= 107
+    assert rpc == EmbeddedRun(RunConfig(runs_dir=str(tmp_path / ("d" * 60)), run_id="bench-agentic-async_redundant-1")).rpc_dir()
