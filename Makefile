@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint unit build-model bench calibrate stability credit-overhead agentic agentic-bench clean
+.PHONY: install run test lint unit build-model bench calibrate stability credit-overhead agentic agentic-bench images clean
 
 install: $(STAMP)
 
@@ -65,6 +65,17 @@ agentic: $(STAMP)
 # Agentic RL with slow environments: sync against async with and without redundancy, real and simulated (~12 min).
 agentic-bench: $(STAMP)
 	$(PY) benchmarks/agentic_async_vs_sync.py
+
+# Container images (docker/README.md): build from the repository root and tag with the git revision.
+TAG ?= $(shell git rev-parse --short HEAD)
+DOCKER ?= docker
+images:
+	@command -v $(DOCKER) >/dev/null 2>&1 || { echo "make images: '$(DOCKER)' is not on PATH: install Docker (or set DOCKER=podman) to build the images" >&2; exit 1; }
+	@$(DOCKER) buildx version >/dev/null 2>&1 || { echo "make images: '$(DOCKER) buildx' (BuildKit) is missing: the Dockerfiles use COPY --chmod and per-Dockerfile .dockerignore files" >&2; exit 1; }
+	@test -n "$(TAG)" || { echo "make images: TAG is empty: set TAG=... (no git revision found)" >&2; exit 1; }
+	DOCKER_BUILDKIT=1 $(DOCKER) build -f docker/generation.Dockerfile -t asyncrl-generation:$(TAG) .
+	DOCKER_BUILDKIT=1 $(DOCKER) build -f docker/training.Dockerfile -t asyncrl-training:$(TAG) .
+	DOCKER_BUILDKIT=1 $(DOCKER) build -f docker/light.Dockerfile -t asyncrl-light:$(TAG) .
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

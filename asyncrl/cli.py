@@ -4,6 +4,7 @@
     asyncrl build-model configs/default.yaml
     asyncrl validate configs/default.yaml [--set ...]    # prints the resolved configuration as JSON
     asyncrl simulate [--preset gpu-7b] [--set key=value ...] [--json PATH]   # simulated cluster (asyncrl.sim)
+    asyncrl pipeline compile|upload|run [...]           # Kubeflow Pipelines (asyncrl.cluster.pipeline_cli)
     asyncrl plan --gpus 64 --model-size 7e9 --median-tokens 3000 --max-tokens 32768
 """
 
@@ -30,9 +31,11 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override one field; repeatable")
         s.add_argument("--log-level", default=os.environ.get("ASYNCRL_LOG_LEVEL", "WARNING"))
+    from asyncrl.cluster.pipeline_cli import add_parser
     from asyncrl.sim.commands import add_parsers
 
     add_parsers(sub)
+    add_parser(sub)
     return p
 
 
@@ -55,6 +58,11 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("asyncrl.models").setLevel(min(logging.INFO, logging.getLogger().level))
     for noisy in ("httpx", "httpcore", "botocore", "urllib3", "mlflow"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    if args.command == "pipeline":
+        from asyncrl.cluster.pipeline_cli import main as pipeline_main
+
+        pipeline_main(args)
+        return
     if args.command in ("simulate", "plan"):
         from asyncrl.sim.commands import run_plan, run_simulate
 

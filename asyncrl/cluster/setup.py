@@ -1,0 +1,154 @@
+"""The pipeline's `setup` step: validate the run configuration and write it to S3 under the KFP run id.
+
+    python -m asyncrl.cluster.setup --bucket B --prefix P --run-id RUN --config-yaml "..." [--set k=v ...]
+
+The configuration is the YAML text (may be empty: the defaults) plus `--set` overrides, exactly as
+`asyncrl run` reads it; `run_id` is forced to the KFP run id so every role finds it at
+`s3://B/P/RUN/config.json`. The document is written with a conditional PUT: a retried setup step that finds the
+same configuration already there succeeds, a different one is an error (a run's configuration never changes).
+With a tracking URI configured, it also opens the run's MLflow run (tagged with the KFP run id, image tags and git
+revision; `MLFLOW_RUN_ID` from the environment is reused when KFP injects one) and records it in `tracking.json`.
+Exits 2 with a message naming the bad field on an invalid configuration; nothing is written then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config import ConfigError, RunConfig, load_config
+from asyncrl.transport.run_layout import RunPaths, run_url
+from asyncrl.transport.s3 import ObjectExists, S3Store
+
+
+def resolve_config(config_yaml: str, overrides: list[str], run_id: str) -> RunConfig:
+    """The validated configuration of the run; ConfigError names the bad field."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.yaml"
+        path.write_text(config_yaml or "{}\n")
+        return load_config(path, [*overrides, f"run_id={run_id}"])
+
+
+def role_count_overrides(generation_ids_json: str, environment_ids_json: str) -> list[str]:
+    """generation ids "0".."N-1" -> generation.num_servers=N; environment ids "env0".."envM-1" ->
+    rollout.num_writers=M (the ids the pipeline's replicas use, so every role finds its peers)."""
+    out = []
+    for text, field, expected in ((generation_ids_json, "generation.num_servers", "{i}"),
+                                  (environment_ids_json, "rollout.num_writers", "env{i}")):
+        if not text:
+            continue
+        try:
+            ids = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise SystemExit(f"setup: {field}: expected the replica ids as a JSON list, got {text!r}") from err
+        want = [expected.format(i=i) for i in range(len(ids) if isinstance(ids, list) else 0)]
+        if not isinstance(ids, list) or not ids or [str(x) for x in ids] != want:
+            raise SystemExit(f"setup: {field}: expected replica ids {want or [expected.format(i=0)]} (0 up, in "
+                             f"order), got {text}")
+        out.append(f"{field}={len(ids)}")
+    return out
+
+
+def write_config(store: S3Store, paths: RunPaths, cfg: RunConfig) -> bool:
+    """Write config.json once; True if written now, False if this same configuration was already there."""
+    doc = cfg.model_dump(mode="json")
+    store.ensure_bucket()
+    try:
+        store.put_json(paths.config(), doc, if_absent=True)
+        return True
+    except ObjectExists:
+        existing = store.get_json(paths.config())
+        if existing != doc:
+            raise ValueError(f"{paths.config()}: a different configuration is already stored for run "
+                             f"{cfg.run_id}; a run's configuration never changes") from None
+        return False
+
+
+def open_tracking(store: S3Store, paths: RunPaths, cfg: RunConfig, url: str, tags: dict[str, str]) -> str | None:
+    """Create (or join, with MLFLOW_RUN_ID) the MLflow run and record it in tracking.json; None without a URI.
+    A retried setup reuses the run tracking.json already names."""
+    if not cfg.tracking.tracking_uri:
+        return None
+    existing = store.get_json(paths.tracking())
+    if isinstance(existing, dict) and existing.get("mlflow_run_id"):  # a retried setup: the run already has one
+        return str(existing["mlflow_run_id"])
+    from asyncrl.tracking.mlflow_tracker import Tracker, flatten_params
+
+    params = flatten_params(cfg.model_dump(mode="json"))
+    all_tags = {"asyncrl.run_url": url, "asyncrl.mode": "cluster", **tags}
+    injected = os.environ.get("MLFLOW_RUN_ID", "")
+    if injected:  # KFP made the run: log into it
+        tracker = Tracker.attach(cfg.tracking.tracking_uri, injected)
+        tracker.log_params(params)
+        for k, v in all_tags.items():
+            tracker.client.set_tag(tracker.run_id, k, v)
+    else:
+        tracker = Tracker.create(cfg.tracking.tracking_uri, cfg.tracking.experiment, cfg.run_id, params=params,
+                                 tags=all_tags)
+    store.put_json(paths.tracking(), {"tracking_uri": cfg.tracking.tracking_uri, "mlflow_run_id": tracker.run_id})
+    return str(tracker.run_id)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m asyncrl.cluster.setup", description=__doc__.splitlines()[0])
+    p.add_argument("--bucket", required=True)
+    p.add_argument("--prefix", default="runs")
+    p.add_argument("--run-id", required=True, help="the KFP run id")
+    p.add_argument("--config-yaml", default="", help="the run configuration as YAML text (empty: defaults)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="MLflow tag; repeatable")
+    p.add_argument("--model-path", default="", help="model folder or S3 URI (empty: the config's)")
+    p.add_argument("--env-name", default="", help="an agentic environment (empty: the config's task)")
+    p.add_argument("--generation-ids-json", default="", help="the generation role ids as a JSON list: sets "
+                   "generation.num_servers")
+    p.add_argument("--environment-ids-json", default="", help="the environment role ids as a JSON list: sets "
+                   "rollout.num_writers")
+    p.add_argument("--overrides-json", default="[]", help="more overrides as a JSON list (a KFP list parameter)")
+    p.add_argument("--tags-json", default="[]", help="more tags as a JSON list of KEY=VALUE")
+    p.add_argument("--output", default="", help="file to write the run URL to (a KFP output parameter)")
+    args = p.parse_args(argv)
+    endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
+    if not endpoint:
+        raise SystemExit("setup: AWS_ENDPOINT_URL is not set: expected the S3 endpoint (from the asyncrl-s3 secret)")
+    try:
+        extra_overrides, extra_tags = json.loads(args.overrides_json), json.loads(args.tags_json)
+    except json.JSONDecodeError as err:
+        raise SystemExit(f"setup: --overrides-json/--tags-json: expected JSON lists of strings: {err}") from err
+    if not all(isinstance(x, str) for x in [*extra_overrides, *extra_tags]):
+        raise SystemExit("setup: --overrides-json/--tags-json: expected JSON lists of strings")
+    overrides = [*role_count_overrides(args.generation_ids_json, args.environment_ids_json), *args.overrides]
+    if args.model_path:
+        overrides.append(f"model.path={args.model_path}")
+    if args.env_name:
+        overrides.append(f"env.name={args.env_name}")
+    overrides = [*overrides, *extra_overrides, f"storage.bucket={args.bucket}", f"storage.prefix={args.prefix}",
+                 f"storage.endpoint_url={endpoint}"]
+    try:
+        cfg = resolve_config(args.config_yaml, overrides, args.run_id)
+    except ConfigError as err:
+        print(f"setup: {err}", file=sys.stderr)
+        sys.exit(2)
+    store = S3Store(endpoint, cfg.storage.bucket, region=cfg.storage.region, timeout_s=30.0)
+    paths = RunPaths(cfg.storage.prefix, cfg.run_id)
+    url = run_url(cfg.storage.bucket, cfg.storage.prefix, cfg.run_id)
+    try:
+        written = write_config(store, paths, cfg)
+    except ValueError as err:
+        print(f"setup: {err}", file=sys.stderr)
+        sys.exit(2)
+    tags = dict(t.split("=", 1) for t in [*args.tag, *extra_tags] if "=" in t)
+    mlflow_run = open_tracking(store, paths, cfg, url, {"kfp.run_id": cfg.run_id, **tags})
+    summary: dict[str, Any] = {"run_url": url, "written": written, "mlflow_run_id": mlflow_run}
+    print(json.dumps(summary))
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(url)
+
+
+if __name__ == "__main__":
+    main()

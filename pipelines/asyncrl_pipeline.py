@@ -1,0 +1,103 @@
+"""The asyncrl pipeline: setup, then the four long-lived roles side by side, and finalize on exit.
+
+    asyncrl pipeline compile            # writes pipelines/asyncrl.yaml (committed; a test checks it is current)
+
+Graph: `finalize` is the `dsl.ExitHandler` exit task around everything, so it runs whether the run succeeded,
+failed or was cancelled: it writes the `done` marker (every role exits by itself, so no GPU stays held), records
+the final status and registers the final model in MLflow. Inside: `setup` validates the configuration and writes it
+to S3 under the KFP run id; the roles depend on setup only (they read that document), never on each other, so Argo
+runs them concurrently; they find each other through S3 rendezvous documents under the run id.
+
+Per role task, through kfp-kubernetes: the image from a pipeline parameter, GPUs (generation and training), the S3
+credentials from the Kubernetes secret `asyncrl-s3` (never a parameter) and the endpoint from the config map
+`asyncrl-endpoints`, `POD_IP` from the pod's
+status (the address a role advertises), a memory-backed `/dev/shm` for NCCL and DataLoader shared memory,
+tolerations and a node selector for GPU nodes, a timeout, and caching disabled (a role is never "cached").
+"""
+
+
+from kfp import dsl, kubernetes
+
+from components.roles import finalize, role, setup
+
+S3_SECRET = "asyncrl-s3"
+S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
+ENDPOINTS_CONFIG_MAP = "asyncrl-endpoints"  # manifests/base/endpoints-configmap.yaml
+GPU_RESOURCE = "nvidia.com/gpu"
+ROLE_TIMEOUT_S = 7 * 24 * 3600
+SETUP_TIMEOUT_S = 600
+ROLE_LABEL = "asyncrl/role"
+
+
+def _common(task: dsl.PipelineTask, image: str, role_name: str, timeout_s: int) -> dsl.PipelineTask:
+    task.set_container_image(image)
+    task.set_caching_options(False)
+    kubernetes.use_secret_as_env(task, secret_name=S3_SECRET, secret_key_to_env=S3_SECRET_KEYS)
+    kubernetes.use_config_map_as_env(task, config_map_name=ENDPOINTS_CONFIG_MAP,
+                                     config_map_key_to_env={"AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL"})
+    kubernetes.use_field_path_as_env(task, env_name="POD_IP", field_path="status.podIP")
+    kubernetes.add_pod_label(task, label_key="app.kubernetes.io/part-of", label_value="asyncrl")
+    kubernetes.add_pod_label(task, label_key=ROLE_LABEL, label_value=role_name)
+    kubernetes.set_timeout(task, timeout_s)
+    task.set_env_variable("ASYNCRL_BIND_HOST", "0.0.0.0")
+    return task
+
+
+def _gpu(task: dsl.PipelineTask, gpus: int) -> dsl.PipelineTask:
+    task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(gpus)
+    kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory")
+    kubernetes.add_toleration(task, key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
+    kubernetes.add_node_selector(task, label_key="nvidia.com/gpu.present", label_value="true")
+    return task
+
+
+@dsl.pipeline(name="asyncrl", description="Fully asynchronous RL post-training: generation (vLLM), environment, "
+              "reward and training (DeepSpeed) as long-lived steps; trajectories through S3, runs in MLflow.")
+def asyncrl_pipeline(
+    config_yaml: str = "",
+    model_path: str = "",
+    env_name: str = "",
+    loss: str = "decoupled_ppo",
+    async_ratio: int = 1,
+    steps: int = 50,
+    prompts_per_step: int = 32,
+    samples_per_prompt: int = 8,
+    generation_replica_ids: list = ["0"],  # noqa: B006 - KFP pipeline parameters are declared by their defaults
+    environment_replica_ids: list = ["env0"],  # noqa: B006
+    generation_gpus: int = 1,
+    training_gpus: int = 1,
+    generation_image: str = "asyncrl-generation:latest-release",
+    training_image: str = "asyncrl-training:latest-release",
+    light_image: str = "asyncrl-light:latest-release",
+    s3_bucket: str = "asyncrl",
+    s3_prefix: str = "runs",
+    mlflow_uri: str = "http://mlflow.asyncrl.svc.cluster.local:5000",
+    mlflow_experiment: str = "asyncrl",
+    overrides: list = [],  # noqa: B006
+    tags: list = [],  # noqa: B006
+) -> None:
+    exit_task = finalize(bucket=s3_bucket, prefix=s3_prefix, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+    _common(exit_task, light_image, "finalize", SETUP_TIMEOUT_S)
+    with dsl.ExitHandler(exit_task, name="asyncrl-run"):
+        prepared = setup(bucket=s3_bucket, prefix=s3_prefix, config_yaml=config_yaml, overrides=overrides, tags=tags,
+                         generation_ids=generation_replica_ids, environment_ids=environment_replica_ids,
+                         model_path=model_path, env_name=env_name, loss=loss, async_ratio=async_ratio, steps=steps,
+                         prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt,
+                         mlflow_uri=mlflow_uri, mlflow_experiment=mlflow_experiment)
+        _common(prepared, light_image, "setup", SETUP_TIMEOUT_S).set_display_name("setup")
+
+        with dsl.ParallelFor(generation_replica_ids, name="generation-replicas") as gen_id:
+            gen = role(module="asyncrl.roles.generation", bucket=s3_bucket, prefix=s3_prefix, role_id=gen_id)
+            _gpu(_common(gen.after(prepared), generation_image, "generation", ROLE_TIMEOUT_S), generation_gpus)
+            gen.set_display_name("generation")
+
+        train = role(module="asyncrl.roles.training", bucket=s3_bucket, prefix=s3_prefix, role_id="0")
+        _gpu(_common(train.after(prepared), training_image, "training", ROLE_TIMEOUT_S), training_gpus)
+        train.set_display_name("training")
+
+        reward = role(module="asyncrl.roles.reward", bucket=s3_bucket, prefix=s3_prefix, role_id="0")
+        _common(reward.after(prepared), light_image, "reward", ROLE_TIMEOUT_S).set_display_name("reward")
+
+        with dsl.ParallelFor(environment_replica_ids, name="environment-replicas") as env_id:
+            env = role(module="asyncrl.roles.environment", bucket=s3_bucket, prefix=s3_prefix, role_id=env_id)
+            _common(env.after(prepared), light_image, "environment", ROLE_TIMEOUT_S).set_display_name("environment")

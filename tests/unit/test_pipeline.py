@@ -1,0 +1,142 @@
+"""The Kubeflow pipeline: the committed YAML is current, it parses into kfp's own protos, the roles run side by
+side, every role task carries the cluster settings, no secret is in it; the pipeline commands fail clearly."""
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from google.protobuf import json_format
+from kfp.pipeline_spec import pipeline_spec_pb2
+
+from asyncrl.cluster.pipeline_cli import DEFAULT_YAML, compile_pipeline
+from asyncrl.cluster.setup import resolve_config, role_count_overrides
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLES = ("generation", "training", "reward", "environment")
+
+
+@pytest.fixture(scope="module")
+def docs():
+    pipeline, platform = list(yaml.safe_load_all(DEFAULT_YAML.read_text()))
+    return pipeline, platform
+
+
+def test_committed_yaml_is_current(tmp_path):
+    fresh = compile_pipeline(tmp_path / "asyncrl.yaml").read_text()
+    assert fresh == DEFAULT_YAML.read_text(), "pipelines/asyncrl.yaml is stale: run `asyncrl pipeline compile`"
+
+
+def test_yaml_parses_into_kfp_protos(docs):
+    pipeline, platform = docs
+    spec = json_format.ParseDict(pipeline, pipeline_spec_pb2.PipelineSpec())
+    assert spec.pipeline_info.name == "asyncrl"
+    json_format.ParseDict(platform, pipeline_spec_pb2.PlatformSpec())
+
+
+def _tasks(pipeline):
+    """Every task of every DAG, by task name, with its DAG."""
+    out = {}
+    for comp in pipeline["components"].values():
+        for name, task in comp.get("dag", {}).get("tasks", {}).items():
+            out[name] = task
+    for name, task in pipeline["root"]["dag"]["tasks"].items():
+        out[name] = task
+    return out
+
+
+def test_roles_depend_on_setup_only_and_finalize_is_the_exit_task(docs):
+    pipeline, _ = docs
+    tasks = _tasks(pipeline)
+    role_tasks = {n: t for n, t in tasks.items() if t.get("componentRef", {}).get("name") == "comp-role"
+                  or n.startswith("role")}
+    assert len(role_tasks) == 4
+    for name, task in role_tasks.items():
+        assert set(task.get("dependentTasks", [])) <= {"setup"}, (name, task.get("dependentTasks"))
+        assert task["cachingOptions"] == {} or task["cachingOptions"].get("enableCache") is False
+    for name, task in tasks.items():
+        assert task.get("cachingOptions", {}).get("enableCache", False) is False, name
+    finalize = pipeline["root"]["dag"]["tasks"]["finalize"]
+    assert finalize["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
+    assert "status" in finalize["inputs"]["parameters"]  # receives the pipeline's final status
+    loops = [t for t in tasks.values() if "parameterIterator" in t]
+    assert sorted(t["parameterIterator"]["items"]["inputParameter"] for t in loops) == [
+        "pipelinechannel--environment_replica_ids", "pipelinechannel--generation_replica_ids"]
+
+
+def test_every_role_task_has_the_cluster_settings(docs):
+    pipeline, platform = docs
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    role_execs = [e for e in executors if e.startswith("exec-role")]
+    assert len(role_execs) == 4 and "exec-setup" in executors and "exec-finalize" in executors
+    for name, ex in executors.items():
+        assert ex["secretAsEnv"][0]["secretName"] == "asyncrl-s3", name
+        keys = {k["secretKey"] for k in ex["secretAsEnv"][0]["keyToEnv"]}
+        assert keys == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+        assert ex["configMapAsEnv"][0]["configMapName"] == "asyncrl-endpoints", name
+        assert {"name": "POD_IP", "fieldPath": "status.podIP"} in ex["fieldPathAsEnv"], name
+        assert int(ex["activeDeadlineSeconds"]) > 0, name
+        assert ex["podMetadata"]["labels"]["app.kubernetes.io/part-of"] == "asyncrl"
+    gpu = [e for e in role_execs if "accelerator" in json.dumps(pipeline["deploymentSpec"]["executors"][e])]
+    assert len(gpu) == 2  # generation and training
+    for e in gpu:
+        ex = executors[e]
+        assert ex["emptyDirMounts"][0]["mountPath"] == "/dev/shm" and ex["emptyDirMounts"][0]["medium"] == "Memory"
+        assert ex["tolerations"][0]["key"] == "nvidia.com/gpu" and "nodeSelector" in ex
+    images = {pipeline["deploymentSpec"]["executors"][e]["container"]["image"] for e in role_execs}
+    assert all(i.startswith("{{$.inputs.parameters[") for i in images)  # from the image parameters
+
+
+def test_no_secret_in_the_pipeline(docs):
+    text = DEFAULT_YAML.read_text()
+    params = docs[0]["root"]["inputDefinitions"]["parameters"]
+    assert not [p for p in params if any(w in p.lower() for w in ("secret", "password", "token", "key"))]
+    assert "AWS_SECRET_ACCESS_KEY:" not in text.replace("secretKey: AWS_SECRET_ACCESS_KEY", "")
+    for word in ("aws_secret_access_key=", "password=", "BEGIN PRIVATE KEY"):
+        assert word.lower() not in text.lower()
+
+
+def test_ui_parameters_with_defaults(docs):
+    params = docs[0]["root"]["inputDefinitions"]["parameters"]
+    for name in ("model_path", "env_name", "loss", "async_ratio", "steps", "prompts_per_step", "samples_per_prompt",
+                 "generation_replica_ids", "environment_replica_ids", "generation_gpus", "training_gpus",
+                 "generation_image", "training_image", "light_image", "s3_bucket", "s3_prefix", "mlflow_uri",
+                 "mlflow_experiment", "config_yaml"):
+        assert name in params and "defaultValue" in params[name], name
+
+
+def test_setup_resolves_config_and_replica_counts():
+    cfg = resolve_config("rollout:\n  async_ratio: 2\n", ["training.steps=7"], "run-123")
+    assert cfg.run_id == "run-123" and cfg.rollout.async_ratio == 2 and cfg.training.steps == 7
+    assert role_count_overrides('["0", "1"]', '["env0", "env1"]') == ["generation.num_servers=2",
+                                                                      "rollout.num_writers=2"]
+    with pytest.raises(SystemExit, match=r"expected replica ids \['0', '1'\]"):
+        role_count_overrides('["0", "2"]', "")
+    with pytest.raises(SystemExit, match="rollout.num_writers"):
+        role_count_overrides("", '["a"]')
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "asyncrl.cli", "pipeline", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def test_upload_to_an_unreachable_host_fails_clearly():
+    with socket.socket() as s:  # a free port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = _cli("upload", "--host", f"http://127.0.0.1:{port}")
+    assert proc.returncode == 2
+    assert f"cannot reach the Kubeflow Pipelines API at http://127.0.0.1:{port}" in proc.stderr
+
+
+def test_run_refuses_unknown_parameters_and_bad_configs(tmp_path):
+    proc = _cli("run", "--host", "http://127.0.0.1:9", "--param", "nope=1")
+    assert proc.returncode == 2 and "--param 'nope=1': expected NAME=VALUE with NAME one of" in proc.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rollout:\n  async_ratio: -1\n")
+    proc = _cli("run", "--host", "http://127.0.0.1:9", "--config", str(bad))
+    assert proc.returncode == 2 and "async_ratio" in proc.stderr
