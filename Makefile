@@ -68,14 +68,15 @@ agentic-bench: $(STAMP)
 
 # Container images (docker/README.md): build from the repository root and tag with the git revision.
 TAG ?= $(shell git rev-parse --short HEAD)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 DOCKER ?= docker
 images:
 	@command -v $(DOCKER) >/dev/null 2>&1 || { echo "make images: '$(DOCKER)' is not on PATH: install Docker (or set DOCKER=podman) to build the images" >&2; exit 1; }
 	@$(DOCKER) buildx version >/dev/null 2>&1 || { echo "make images: '$(DOCKER) buildx' (BuildKit) is missing: the Dockerfiles use COPY --chmod and per-Dockerfile .dockerignore files" >&2; exit 1; }
 	@test -n "$(TAG)" || { echo "make images: TAG is empty: set TAG=... (no git revision found)" >&2; exit 1; }
-	DOCKER_BUILDKIT=1 $(DOCKER) build -f docker/generation.Dockerfile -t asyncrl-generation:$(TAG) .
-	DOCKER_BUILDKIT=1 $(DOCKER) build -f docker/training.Dockerfile -t asyncrl-training:$(TAG) .
-	DOCKER_BUILDKIT=1 $(DOCKER) build -f docker/light.Dockerfile -t asyncrl-light:$(TAG) .
+	DOCKER_BUILDKIT=1 $(DOCKER) build --build-arg GIT_REVISION=$(REVISION) -f docker/generation.Dockerfile -t asyncrl-generation:$(TAG) .
+	DOCKER_BUILDKIT=1 $(DOCKER) build --build-arg GIT_REVISION=$(REVISION) -f docker/training.Dockerfile -t asyncrl-training:$(TAG) .
+	DOCKER_BUILDKIT=1 $(DOCKER) build --build-arg GIT_REVISION=$(REVISION) -f docker/light.Dockerfile -t asyncrl-light:$(TAG) .
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

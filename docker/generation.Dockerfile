@@ -41,5 +41,8 @@ ENV HOME=/home/asyncrl \
 # The engine loads the model first (minutes on a large model): a long start period before failures count.
 HEALTHCHECK --interval=30s --timeout=10s --start-period=600s --retries=3 CMD ["python3", "/usr/local/bin/asyncrl-healthcheck"]
 
+# The git revision the image was built from (make images passes it); setup tags the MLflow run with it.
+ARG GIT_REVISION=unknown
+ENV ASYNCRL_GIT_REVISION=$GIT_REVISION
 ENTRYPOINT ["python3", "-m", "asyncrl.roles.generation"]
 CMD ["--help"]

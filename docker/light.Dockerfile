@@ -37,5 +37,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     ASYNCRL_PORT=0 \
     ASYNCRL_HEALTH=auto
 HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 CMD ["python", "/usr/local/bin/asyncrl-healthcheck"]
+# The git revision the image was built from (make images passes it); setup tags the MLflow run with it.
+ARG GIT_REVISION=unknown
+ENV ASYNCRL_GIT_REVISION=$GIT_REVISION
 ENTRYPOINT ["python", "-m", "asyncrl.roles.environment"]
 CMD ["--help"]

@@ -38,5 +38,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     ASYNCRL_BIND_HOST=0.0.0.0
 # No HTTP server in this role: liveness is the process itself (it exits when the run is done or a peer is gone).
 HEALTHCHECK NONE
+# The git revision the image was built from (make images passes it); setup tags the MLflow run with it.
+ARG GIT_REVISION=unknown
+ENV ASYNCRL_GIT_REVISION=$GIT_REVISION
 ENTRYPOINT ["python", "-m", "asyncrl.roles.training"]
 CMD ["--help"]

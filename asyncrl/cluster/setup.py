@@ -6,8 +6,9 @@ The configuration is the YAML text (may be empty: the defaults) plus `--set` ove
 `asyncrl run` reads it; `run_id` is forced to the KFP run id so every role finds it at
 `s3://B/P/RUN/config.json`. The document is written with a conditional PUT: a retried setup step that finds the
 same configuration already there succeeds, a different one is an error (a run's configuration never changes).
-With a tracking URI configured, it also opens the run's MLflow run (tagged with the KFP run id, image tags and git
-revision; `MLFLOW_RUN_ID` from the environment is reused when KFP injects one) and records it in `tracking.json`.
+With a tracking URI configured, it also opens the run's MLflow run, tagged with the KFP run id, the `tags` given
+(image tags) and the git revision the image was built from (`ASYNCRL_GIT_REVISION`); a `MLFLOW_RUN_ID` that KFP
+injects is reused. The run is recorded in `tracking.json`.
 Exits 2 with a message naming the bad field on an invalid configuration; nothing is written then.
 """
 
@@ -142,6 +143,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"setup: {err}", file=sys.stderr)
         sys.exit(2)
     tags = dict(t.split("=", 1) for t in [*args.tag, *extra_tags] if "=" in t)
+    if os.environ.get("ASYNCRL_GIT_REVISION"):  # baked into the images by `make images`
+        tags.setdefault("git.revision", os.environ["ASYNCRL_GIT_REVISION"])
     mlflow_run = open_tracking(store, paths, cfg, url, {"kfp.run_id": cfg.run_id, **tags})
     summary: dict[str, Any] = {"run_url": url, "written": written, "mlflow_run_id": mlflow_run}
     print(json.dumps(summary))

@@ -316,6 +316,14 @@ class TimeoutsConfig(_Section):
     batch_wait_s: float = Field(900.0, gt=0, description="Trainer waiting for the groups of one step.")
 
 
+class NetworkConfig(_Section):
+    """Which network interface the collectives use (several NICs per node on a cluster)."""
+
+    socket_ifname: str = Field("", max_length=256, pattern=r"^[A-Za-z0-9_.:^=,-]*$", description="NCCL_SOCKET_IFNAME "
+                               "and GLOO_SOCKET_IFNAME for every role (e.g. eth0, or ^lo,docker to exclude); empty: "
+                               "the libraries' own choice.")
+
+
 class RunConfig(_Section):
     name: str = Field("asyncrl", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
     run_id: str = Field("", pattern=r"^[A-Za-z0-9._-]*$", description="Empty: generated at launch.")
@@ -329,6 +337,7 @@ class RunConfig(_Section):
     storage: StorageConfig = StorageConfig()
     tracking: TrackingConfig = TrackingConfig()
     timeouts: TimeoutsConfig = TimeoutsConfig()
+    network: NetworkConfig = NetworkConfig()
     env: EnvConfig | None = Field(None, description="Agentic multi-turn task; replaces `task` when set.")
     eval_before_after: bool = Field(True, description="Greedy accuracy on the eval split before and after training.")
 

@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 import time
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,19 @@ def setup_logging(level: str, role: str, role_id: str) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+def apply_network_env(cfg: RunConfig, environ: MutableMapping[str, str]) -> None:
+    """Point NCCL and gloo at `network.socket_ifname` (before any process group or engine starts; vLLM's workers
+    inherit it). An empty setting leaves the environment as it is. NCCL's `^` (exclude) and `=` (exact) prefixes
+    have no gloo equivalent, so such a value is given to NCCL only."""
+    ifname = cfg.network.socket_ifname
+    if ifname:
+        plain = not ifname.startswith(("^", "="))
+        for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME") if plain else ("NCCL_SOCKET_IFNAME",):
+            if environ.get(var, ifname) != ifname:
+                log.info("%s=%s replaced by network.socket_ifname=%s", var, environ[var], ifname)
+            environ[var] = ifname
+
+
 @dataclass
 class RoleContext:
     role: str
@@ -70,6 +84,7 @@ class RoleContext:
         if text is None:
             raise SystemExit(f"{role}: {args.run_url}/config.json does not exist: start the run with `asyncrl run`")
         cfg = config_from_json(text.decode(), f"{args.run_url}/config.json")
+        apply_network_env(cfg, os.environ)
         return cls(role, args.id, args.run_url, store, paths, cfg)
 
     # ---- rendezvous ----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _step(module: str, *args: str, endpoint: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint}
+    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "ASYNCRL_GIT_REVISION": "abc123"}
     env.pop("MLFLOW_RUN_ID", None)
     return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env=env)
@@ -45,6 +45,7 @@ def test_setup_then_finalize(s3_server, s3_store, tmp_path):
     client = mlflow.MlflowClient(tracking_uri=uri)
     run = client.get_run(tracking["mlflow_run_id"])
     assert run.data.tags["kfp.run_id"] == "kfp-run-1" and run.data.tags["image.training"] == "asyncrl-training:abc"
+    assert run.data.tags["git.revision"] == "abc123"
     assert run.data.params["rollout.async_ratio"] == "2"
     # a retried step with the same configuration succeeds; a different one is refused and nothing changes
     again = _step("asyncrl.cluster.setup", *setup[:-4], "--overrides-json", '["training.steps=7"]',

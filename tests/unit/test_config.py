@@ -119,3 +119,19 @@ def test_vllm_socket_folder_fits_a_unix_socket_path(tmp_path):
     rpc = deep.rpc_dir()
     assert len(str(rpc)) + len("/a1458236-807b-47f3-916b-f1a6979023cc") <= 107
     assert rpc == EmbeddedRun(RunConfig(runs_dir=str(tmp_path / ("d" * 60)), run_id="bench-agentic-async_redundant-1")).rpc_dir()
+
+
+def test_network_interface_reaches_nccl_and_gloo():
+    from asyncrl.roles.context import apply_network_env
+
+    env = {"NCCL_SOCKET_IFNAME": "eth9"}
+    apply_network_env(RunConfig(network={"socket_ifname": "eth0"}), env)
+    assert env == {"NCCL_SOCKET_IFNAME": "eth0", "GLOO_SOCKET_IFNAME": "eth0"}
+    env = {}
+    apply_network_env(RunConfig(network={"socket_ifname": "^lo,docker"}), env)
+    assert env == {"NCCL_SOCKET_IFNAME": "^lo,docker"}  # gloo has no exclusion syntax
+    env = {"GLOO_SOCKET_IFNAME": "ib0"}
+    apply_network_env(RunConfig(), env)
+    assert env == {"GLOO_SOCKET_IFNAME": "ib0"}
+    with pytest.raises(ValueError, match="socket_ifname"):
+        RunConfig(network={"socket_ifname": "eth0; rm -rf /"})
