@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint unit build-model bench calibrate stability credit-overhead agentic agentic-bench images clean
+.PHONY: install run test lint unit build-model bench calibrate stability credit-overhead agentic agentic-bench images push-images clean
 
 install: $(STAMP)
 
@@ -67,16 +67,22 @@ agentic-bench: $(STAMP)
 	$(PY) benchmarks/agentic_async_vs_sync.py
 
 # Container images (docker/README.md): build from the repository root and tag with the git revision.
+# REGISTRY (e.g. registry.example.com/team/, with the trailing slash) prefixes the names for push-images.
 TAG ?= $(shell git rev-parse --short HEAD)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 DOCKER ?= docker
+REGISTRY ?=
+IMAGES := generation training light
 images:
 	@command -v $(DOCKER) >/dev/null 2>&1 || { echo "make images: '$(DOCKER)' is not on PATH: install Docker (or set DOCKER=podman) to build the images" >&2; exit 1; }
 	@$(DOCKER) buildx version >/dev/null 2>&1 || { echo "make images: '$(DOCKER) buildx' (BuildKit) is missing: the Dockerfiles use COPY --chmod and per-Dockerfile .dockerignore files" >&2; exit 1; }
 	@test -n "$(TAG)" || { echo "make images: TAG is empty: set TAG=... (no git revision found)" >&2; exit 1; }
-	DOCKER_BUILDKIT=1 $(DOCKER) build --build-arg GIT_REVISION=$(REVISION) -f docker/generation.Dockerfile -t asyncrl-generation:$(TAG) .
-	DOCKER_BUILDKIT=1 $(DOCKER) build --build-arg GIT_REVISION=$(REVISION) -f docker/training.Dockerfile -t asyncrl-training:$(TAG) .
-	DOCKER_BUILDKIT=1 $(DOCKER) build --build-arg GIT_REVISION=$(REVISION) -f docker/light.Dockerfile -t asyncrl-light:$(TAG) .
+	for i in $(IMAGES); do DOCKER_BUILDKIT=1 $(DOCKER) build --build-arg GIT_REVISION=$(REVISION) -f docker/$$i.Dockerfile -t $(REGISTRY)asyncrl-$$i:$(TAG) . || exit 1; done
+
+push-images:
+	@test -n "$(REGISTRY)" || { echo "make push-images: REGISTRY is empty: set REGISTRY=registry.example.com/team/ (a registry the cluster pulls from)" >&2; exit 1; }
+	$(MAKE) images REGISTRY=$(REGISTRY) TAG=$(TAG)
+	for i in $(IMAGES); do $(DOCKER) push $(REGISTRY)asyncrl-$$i:$(TAG) || exit 1; done
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

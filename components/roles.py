@@ -21,9 +21,11 @@ def run_url_placeholder(bucket: str, prefix: str) -> dsl.ConcatPlaceholder:
 @dsl.container_component
 def setup(bucket: str, prefix: str, config_yaml: str, overrides: list, tags: list, generation_ids: list,
           environment_ids: list, model_path: str, env_name: str, loss: str, async_ratio: int, steps: int,
-          prompts_per_step: int, samples_per_prompt: int, mlflow_uri: str, mlflow_experiment: str):
+          prompts_per_step: int, samples_per_prompt: int, training_processes: int, mlflow_uri: str,
+          mlflow_experiment: str, generation_image: str, training_image: str, light_image: str):
     """Validate the configuration (YAML text, the UI's fields, then `section.key=value` overrides, in that order)
-    and write it to S3 under the run. KFP passes the list parameters as JSON text."""
+    and write it to S3 under the run; the MLflow run is tagged with the three image references. KFP passes the list
+    parameters as JSON text."""
     return dsl.ContainerSpec(
         image=PLACEHOLDER_IMAGE,
         command=["python", "-m", "asyncrl.cluster.setup"],
@@ -35,20 +37,40 @@ def setup(bucket: str, prefix: str, config_yaml: str, overrides: list, tags: lis
               "--set", dsl.ConcatPlaceholder(["training.steps=", steps]),
               "--set", dsl.ConcatPlaceholder(["rollout.prompts_per_step=", prompts_per_step]),
               "--set", dsl.ConcatPlaceholder(["rollout.samples_per_prompt=", samples_per_prompt]),
+              "--set", dsl.ConcatPlaceholder(["training.num_processes=", training_processes]),
               "--set", dsl.ConcatPlaceholder(["tracking.tracking_uri=", mlflow_uri]),
               "--set", dsl.ConcatPlaceholder(["tracking.experiment=", mlflow_experiment]),
+              "--tag", dsl.ConcatPlaceholder(["image.generation=", generation_image]),
+              "--tag", dsl.ConcatPlaceholder(["image.training=", training_image]),
+              "--tag", dsl.ConcatPlaceholder(["image.light=", light_image]),
               "--overrides-json", overrides, "--tags-json", tags],
     )
 
 
 @dsl.container_component
-def role(module: str, bucket: str, prefix: str, role_id: str):
+def role(module: str, bucket: str, prefix: str, role_id: str, gpus: int = 0):
     """One long-lived role: `python -m <module> --run-url ... --id <role_id>`, bound to all interfaces and
-    advertising the pod IP; it exits by itself when the run is done or a peer is gone past its deadline."""
+    advertising the pod IP; it exits by itself when the run is done or a peer is gone past its deadline.
+
+    `gpus` is not read by the command: it is the task input the pipeline's GPU limit refers to. Inside a
+    ParallelFor, a resource limit that names a pipeline parameter directly is not wired into the loop's DAG
+    inputs by the compiler (KFP's driver then fails the task), while a component argument is."""
     return dsl.ContainerSpec(
         image=PLACEHOLDER_IMAGE,
         command=["python", "-m", module],
         args=["--run-url", run_url_placeholder(bucket, prefix), "--id", role_id, "--host", "0.0.0.0"],
+    )
+
+
+@dsl.container_component
+def training_role(bucket: str, prefix: str, processes: int):
+    """The training role under torchrun: one data-parallel DeepSpeed rank per GPU of the pod (`processes`, which
+    setup also wrote as `training.num_processes`); rank 0 leads (reads S3, pushes weights, logs, checkpoints)."""
+    return dsl.ContainerSpec(
+        image=PLACEHOLDER_IMAGE,
+        command=["torchrun"],
+        args=["--standalone", "--nnodes", "1", "--nproc-per-node", processes, "-m", "asyncrl.roles.training",
+              "--run-url", run_url_placeholder(bucket, prefix), "--id", "0", "--host", "0.0.0.0"],
     )
 
 

@@ -18,7 +18,7 @@ tolerations and a node selector for GPU nodes, a timeout, and caching disabled (
 
 from kfp import dsl, kubernetes
 
-from components.roles import finalize, role, setup
+from components.roles import finalize, role, setup, training_role
 
 S3_SECRET = "asyncrl-s3"
 S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
@@ -83,15 +83,17 @@ def asyncrl_pipeline(
                          generation_ids=generation_replica_ids, environment_ids=environment_replica_ids,
                          model_path=model_path, env_name=env_name, loss=loss, async_ratio=async_ratio, steps=steps,
                          prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt,
-                         mlflow_uri=mlflow_uri, mlflow_experiment=mlflow_experiment)
+                         training_processes=training_gpus, mlflow_uri=mlflow_uri, mlflow_experiment=mlflow_experiment,
+                         generation_image=generation_image, training_image=training_image, light_image=light_image)
         _common(prepared, light_image, "setup", SETUP_TIMEOUT_S).set_display_name("setup")
 
         with dsl.ParallelFor(generation_replica_ids, name="generation-replicas") as gen_id:
-            gen = role(module="asyncrl.roles.generation", bucket=s3_bucket, prefix=s3_prefix, role_id=gen_id)
+            gen = role(module="asyncrl.roles.generation", bucket=s3_bucket, prefix=s3_prefix, role_id=gen_id,
+                       gpus=generation_gpus)
             _gpu(_common(gen.after(prepared), generation_image, "generation", ROLE_TIMEOUT_S), generation_gpus)
             gen.set_display_name("generation")
 
-        train = role(module="asyncrl.roles.training", bucket=s3_bucket, prefix=s3_prefix, role_id="0")
+        train = training_role(bucket=s3_bucket, prefix=s3_prefix, processes=training_gpus)
         _gpu(_common(train.after(prepared), training_image, "training", ROLE_TIMEOUT_S), training_gpus)
         train.set_display_name("training")
 

@@ -1,8 +1,10 @@
-"""`asyncrl pipeline compile|upload|run`: the user's commands for Kubeflow Pipelines, through the `kfp` client.
+"""`asyncrl pipeline compile|upload|run|rehearse`: the user's commands for Kubeflow Pipelines, through `kfp`.
 
     asyncrl pipeline compile [--out pipelines/asyncrl.yaml]
     asyncrl pipeline upload --host URL [--name asyncrl] [--version V]      # a new pipeline, or a new version of it
     asyncrl pipeline run --host URL [--experiment asyncrl] [--config run.yaml] [--param k=v ...] [--set s.k=v ...]
+    asyncrl pipeline rehearse [--pipeline pipelines/asyncrl.yaml] [--param k=v ...] [--set s.k=v ...] [--workdir D]
+                              # the compiled tasks' exact commands as local processes (asyncrl.cluster.rehearsal)
 
 The host is the KFP API endpoint (e.g. http://localhost:8080 after `kubectl port-forward svc/ml-pipeline-ui`).
 Credentials: a bearer token from the file named by KF_PIPELINES_SA_TOKEN_PATH or the variable KFP_TOKEN (never a
@@ -14,7 +16,9 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +44,29 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def _client(host: str) -> Any:
+def _with_deadline(what: str, host: str, timeout_s: float, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` with a deadline: the kfp client has none of its own (its HTTP calls wait forever on a
+    host that accepts connections but never answers, and its health check retries). The call runs in a daemon
+    thread; past the deadline the command fails clearly and the thread is abandoned with the process."""
+    result: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            result["value"] = fn(*args, **kwargs)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            result["error"] = err
+
+    worker = threading.Thread(target=target, name=f"kfp-{what}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        _fail(f"{what}: no answer from the Kubeflow Pipelines API at {host} within {timeout_s:g}s (--api-timeout)")
+    if "error" in result:
+        raise result["error"]
+    return result.get("value")
+
+
+def _client(host: str, timeout_s: float) -> Any:
     import kfp
 
     token = os.environ.get("KFP_TOKEN", "")
@@ -49,21 +75,25 @@ def _client(host: str) -> Any:
         if not Path(path).is_file():
             _fail(f"KF_PIPELINES_SA_TOKEN_PATH={path}: no such token file")
         token = Path(path).read_text().strip()
-    try:
+
+    def connect() -> Any:
         client = kfp.Client(host=host, existing_token=token or None)
-        client.get_kfp_healthz()
+        client.get_kfp_healthz(sleep_duration=1)
+        return client
+
+    try:
+        return _with_deadline("connect", host, timeout_s, connect)
     except Exception as err:  # noqa: BLE001 - every way of not reaching the API ends in the same clear error
         text = str(err)
         if any(code in text for code in ("401", "403", "Unauthorized", "Forbidden")):
             _fail(f"the Kubeflow Pipelines API at {host} rejected the credentials: set KFP_TOKEN or "
                   f"KF_PIPELINES_SA_TOKEN_PATH to a valid token ({text.splitlines()[0][:200]})")
         _fail(f"cannot reach the Kubeflow Pipelines API at {host}: {text.splitlines()[0][:300] if text else err!r}")
-    return client
 
 
 def _params(args: argparse.Namespace) -> dict[str, Any]:
     """Pipeline arguments: --config (YAML text as config_yaml), --param k=v (JSON-decoded when possible), --set."""
-    known = _pipeline_inputs()
+    known = _pipeline_inputs(Path(args.pipeline) if args.action == "rehearse" else DEFAULT_YAML)
     params: dict[str, Any] = {}
     if args.config:
         path = Path(args.config)
@@ -89,10 +119,10 @@ def _params(args: argparse.Namespace) -> dict[str, Any]:
     return params
 
 
-def _pipeline_inputs() -> dict[str, str]:
+def _pipeline_inputs(path: Path = DEFAULT_YAML) -> dict[str, str]:
     import yaml
 
-    doc = next(yaml.safe_load_all(DEFAULT_YAML.read_text()))  # the pipeline spec; the platform spec follows
+    doc = next(yaml.safe_load_all(path.read_text()))  # the pipeline spec; the platform spec follows
     return {k: v["parameterType"] for k, v in doc["root"]["inputDefinitions"]["parameters"].items()}
 
 
@@ -101,31 +131,59 @@ def main(args: argparse.Namespace) -> None:
         out = compile_pipeline(Path(args.out))
         print(f"wrote {out}")
         return
+    if args.action == "rehearse":
+        _rehearse(args)
+        return
     if not DEFAULT_YAML.is_file():
         _fail(f"{DEFAULT_YAML}: not compiled yet; run `asyncrl pipeline compile`")
+    host, deadline = args.host, args.api_timeout
     if args.action == "upload":
-        client = _client(args.host)
-        existing = client.get_pipeline_id(args.name)
+        client = _client(host, deadline)
+        existing = _with_deadline("get_pipeline_id", host, deadline, client.get_pipeline_id, args.name)
         if existing is None:
-            p = client.upload_pipeline(str(DEFAULT_YAML), pipeline_name=args.name)
+            p = _with_deadline("upload_pipeline", host, deadline, client.upload_pipeline, str(DEFAULT_YAML),
+                               pipeline_name=args.name)
             print(json.dumps({"pipeline_id": p.pipeline_id, "name": args.name, "new": True}))
         else:
             version = args.version or time.strftime("v%Y%m%d-%H%M%S", time.gmtime())
-            v = client.upload_pipeline_version(str(DEFAULT_YAML), pipeline_version_name=version,
-                                               pipeline_id=existing)
+            v = _with_deadline("upload_pipeline_version", host, deadline, client.upload_pipeline_version,
+                               str(DEFAULT_YAML), pipeline_version_name=version, pipeline_id=existing)
             print(json.dumps({"pipeline_id": existing, "version_id": v.pipeline_version_id, "new": False}))
         return
     params = _params(args)
-    client = _client(args.host)
-    run = client.create_run_from_pipeline_package(str(DEFAULT_YAML), arguments=params,
-                                                  experiment_name=args.experiment, run_name=args.run_name or None,
-                                                  enable_caching=False, service_account=args.service_account)
+    client = _client(host, deadline)
+    run = _with_deadline("create_run", host, deadline, client.create_run_from_pipeline_package, str(DEFAULT_YAML),
+                         arguments=params, experiment_name=args.experiment, run_name=args.run_name or None,
+                         enable_caching=False, service_account=args.service_account)
     print(json.dumps({"run_id": run.run_id, "experiment": args.experiment}))
+
+
+def _rehearse(args: argparse.Namespace) -> None:
+    """Run the compiled pipeline's task commands locally (embedded S3); print each command and a summary."""
+    from asyncrl.cluster.rehearsal import RehearsalError
+    from asyncrl.cluster.rehearsal_runner import RehearsalFailed, rehearse
+
+    path = Path(args.pipeline)
+    if not path.is_file():
+        _fail(f"--pipeline {path}: no such file; run `asyncrl pipeline compile`")
+    params = _params(args)
+    workdir = Path(args.workdir or time.strftime("rehearsals/%Y%m%d-%H%M%S", time.gmtime()))
+    try:
+        result = rehearse(path, params, workdir=workdir, timeout_s=args.timeout, exit_grace_s=args.exit_grace,
+                          echo=lambda msg: print(msg, flush=True))
+    except RehearsalError as err:
+        _fail(str(err))
+    except RehearsalFailed as err:
+        print(f"asyncrl pipeline rehearse: FAILED: {err}", file=sys.stderr)
+        sys.exit(1)
+    print(json.dumps({"run_id": result.run_id, "run_url": result.run_url, "workdir": str(result.workdir),
+                      "wall_s": round(result.wall_s, 1), "done_s": result.done_s, "exit_codes": result.exit_codes,
+                      "ended_s": {k: round(v, 1) for k, v in result.ended_s.items()}}, indent=2))
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("pipeline", help="compile, upload and run the Kubeflow pipeline")
-    p.add_argument("action", choices=["compile", "upload", "run"])
+    p.add_argument("action", choices=["compile", "upload", "run", "rehearse"])
     p.add_argument("--out", default=str(DEFAULT_YAML), help="compile: where to write the YAML")
     p.add_argument("--host", default=os.environ.get("KFP_HOST", "http://localhost:8080"),
                    help="the KFP API endpoint (default $KFP_HOST or http://localhost:8080)")
@@ -135,7 +193,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--run-name", default="", help="run: the run's display name")
     p.add_argument("--service-account", default="asyncrl-runner", help="run: the pods' service account (manifests/)")
     p.add_argument("--config", default="", help="run: a RunConfig YAML passed as config_yaml (validated here)")
-    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="run: a pipeline parameter")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="run, rehearse: a pipeline parameter")
+    p.add_argument("--pipeline", default=str(DEFAULT_YAML), help="rehearse: the compiled pipeline YAML")
+    p.add_argument("--workdir", default="", help="rehearse: logs, S3 data, pods' folders (default rehearsals/<time>)")
+    p.add_argument("--api-timeout", type=float, default=60.0,
+                   help="upload, run: seconds each call to the KFP API may take (connect included)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="rehearse: seconds for the whole run")
+    p.add_argument("--exit-grace", type=float, default=120.0,
+                   help="rehearse: seconds every role has to exit by itself once the run is done")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="run: a config override, passed as the `overrides` parameter")
+                   help="run, rehearse: a config override, passed as the `overrides` parameter")
     p.add_argument("--log-level", default=os.environ.get("ASYNCRL_LOG_LEVEL", "WARNING"))

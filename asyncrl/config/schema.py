@@ -35,7 +35,8 @@ class TinyModelConfig(_Section):
 
 class ModelConfig(_Section):
     path: str = Field(
-        "", description="Hugging Face model folder. Empty: the built-in tiny model, built and cached under cache_dir."
+        "", description="Hugging Face model folder, or s3://bucket/path of one (safetensors only; fetched into "
+        "cache_dir). Empty: the built-in tiny model, built and cached under cache_dir."
     )
     tiny: TinyModelConfig = TinyModelConfig()
 
@@ -229,6 +230,8 @@ class TrainingConfig(_Section):
     grad_clip: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(64, ge=1, description="Samples per forward/backward pass.")
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
+    num_processes: int = Field(1, ge=1, le=64, description="Data-parallel training ranks (one per GPU of the "
+                               "training pod; CPU processes here), started by torchrun; rank 0 leads.")
     loss: LossName = Field("decoupled_ppo", description="Policy loss, ALGORITHMS.md §3.")
     clip_low: float = Field(0.2, ge=0, lt=1)
     clip_high: float = Field(0.2, ge=0)
@@ -314,6 +317,16 @@ class TimeoutsConfig(_Section):
     rendezvous_s: float = Field(600.0, gt=0, description="Waiting for another role to publish its address.")
     startup_s: float = Field(900.0, gt=0, description="A role (vLLM engine start, DeepSpeed init) becoming ready.")
     batch_wait_s: float = Field(900.0, gt=0, description="Trainer waiting for the groups of one step.")
+    heartbeat_s: float = Field(5.0, gt=0, le=300, description="How often every role writes its heartbeat to S3.")
+    peer_s: float = Field(120.0, gt=0, description="A role exits when the trainer's heartbeat has not advanced for "
+                          "this long (a failed run never keeps GPUs).")
+
+    @model_validator(mode="after")
+    def _peer_after_heartbeats(self) -> TimeoutsConfig:
+        if self.peer_s < 3 * self.heartbeat_s:
+            raise ValueError(f"peer_s: expected at least 3 × heartbeat_s = {3 * self.heartbeat_s:g}, got "
+                             f"{self.peer_s:g} (a peer would be declared gone between two heartbeats)")
+        return self
 
 
 class NetworkConfig(_Section):

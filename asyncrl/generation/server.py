@@ -160,9 +160,11 @@ async def run_server(
     port: int = 0,
     on_ready: Callable[[str, int], Awaitable[None] | None] | None = None,
     stop: asyncio.Event | None = None,
+    on_engine: Callable[[GenerationEngine], None] | None = None,
 ) -> None:
     """Start the engine, serve HTTP until SIGTERM/SIGINT (or `stop` is set), then shut the engine down.
 
+    `on_engine(engine)` runs once the engine has started (the role reads its `health()` for its heartbeat);
     `on_ready(host, port)` runs once the engine is ready and the socket is listening (sync or async).
     Signal handlers are installed only when running in the main thread.
     """
@@ -178,6 +180,8 @@ async def run_server(
     engine: GenerationEngine | None = None
     try:
         engine = await GenerationEngine.start(settings)
+        if on_engine is not None:
+            on_engine(engine)
         config = uvicorn.Config(create_app(engine), log_level="warning", access_log=False, timeout_graceful_shutdown=5)
         server = _Server(config)
         serving = asyncio.create_task(server.serve(sockets=[sock]))

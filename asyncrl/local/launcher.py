@@ -222,13 +222,28 @@ class EmbeddedRun:
                 if self.tracker is not None:
                     self.tracker.finish("FINISHED" if (self.run_dir / "run_summary.json").exists() else "FAILED")
 
+    def start_training(self, procs: ProcessGroup, args: list[str]) -> None:
+        """The training role: one process, or `training.num_processes` ranks under torchrun (rank 0 leads).
+
+        torchrun (`python -m torch.distributed.run --standalone`) picks its own free rendezvous port and sets the
+        launcher variables for its ranks only (the roles' environment has them stripped, see `child_env`); it
+        stops every rank when one fails, and its exit code is the role's.
+        """
+        n = self.cfg.training.num_processes
+        if n == 1:
+            procs.start("training-0", "asyncrl.roles.training", args)
+            return
+        procs.start("training-0", "torch.distributed.run",
+                    ["--standalone", "--nnodes", "1", "--nproc-per-node", str(n), "-m", "asyncrl.roles.training", *args])
+
     def _run_roles(self, store: S3Store, tokenizer: Any, t_start: float) -> dict[str, Any]:
         cfg, procs = self.cfg, self.procs
         assert procs is not None
         common = ["--run-url", self.url]
-        procs.start("reward-0", "asyncrl.roles.reward", [*common, "--id", "0"])
+        serving = [*common, "--on-done", "stay"]  # evaluated through after the run; stopped by this launcher
+        procs.start("reward-0", "asyncrl.roles.reward", [*serving, "--id", "0"])
         for i in range(cfg.generation.num_servers):
-            procs.start(f"generation-{i}", "asyncrl.roles.generation", [*common, "--id", str(i)])
+            procs.start(f"generation-{i}", "asyncrl.roles.generation", [*serving, "--id", str(i)])
         _print(f"starting {cfg.generation.num_servers} generation server(s) (vLLM engine start takes ~35 s each)")
         gen_docs = self.wait_roles(store, "generation", cfg.generation.num_servers)
         self.wait_roles(store, "reward", 1)
@@ -237,7 +252,7 @@ class EmbeddedRun:
         if before:
             _print(f"eval before training: {self.eval_metric} {before['accuracy']:.3f} ({before['correct']}/{before['n']})")
         t_train = time.monotonic()
-        procs.start("training-0", "asyncrl.roles.training", [*common, "--id", "0"])
+        self.start_training(procs, [*common, "--id", "0"])
         for w in range(cfg.rollout.num_writers):
             procs.start(f"environment-{w}", "asyncrl.roles.environment", [*common, "--id", f"env{w}"])
         latest = self.follow(store)

@@ -248,7 +248,15 @@ def build_tiny_model(cfg: RunConfig) -> Path:
 
 
 def resolve_model_path(cfg: RunConfig) -> Path:
-    """model.path if set (must be a folder with config.json), else the built-in tiny model."""
+    """model.path if set (a folder with config.json, or an s3:// URI fetched into the cache), else the built-in
+    tiny model."""
+    if cfg.model.path.startswith("s3://"):
+        import os
+
+        from asyncrl.models.fetch import fetch_model
+
+        endpoint = cfg.storage.endpoint_url or os.environ.get("AWS_ENDPOINT_URL", "")
+        return fetch_model(cfg.model.path, cfg.cache_dir, endpoint, cfg.storage.region)
     if cfg.model.path:
         path = Path(cfg.model.path)
         if not path.is_dir():

@@ -10,6 +10,7 @@ live under `rendezvous/<role>/<id>.json`.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import time
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.config import RunConfig, config_from_json
+from asyncrl.roles.liveness import Heartbeat, RunOver, watch_run
 from asyncrl.transport.run_layout import RunPaths, parse_run_url
 from asyncrl.transport.s3 import S3Store
 
@@ -33,6 +35,9 @@ def role_arg_parser(role: str) -> argparse.ArgumentParser:
                    help="address to listen on (0.0.0.0 in a pod)")
     p.add_argument("--advertise-host", default=os.environ.get("POD_IP", ""),
                    help="address peers use to reach this role (default: --host)")
+    p.add_argument("--on-done", choices=("exit", "stay"), default="exit",
+                   help="exit when the run is done (cluster), or stay until stopped (the embedded launcher evaluates "
+                        "through the servers after the run); a failed or vanished trainer ends the role either way")
     return p
 
 
@@ -104,25 +109,55 @@ class RoleContext:
     def is_done(self) -> bool:
         return self.store.exists(self.paths.done())
 
+    # ---- liveness (asyncrl.roles.liveness) -----------------------------------------------------------
+    def heartbeat(self) -> Heartbeat:
+        return Heartbeat(self.store, self.paths, self.role, self.role_id, self.cfg.timeouts.heartbeat_s)
+
+    async def watch_run(self) -> RunOver:
+        """Until the run is done, or the trainer failed or is gone (see `asyncrl.roles.liveness`)."""
+        t = self.cfg.timeouts
+        return await watch_run(self.store, self.paths, poll_s=t.heartbeat_s, first_s=t.rendezvous_s, peer_s=t.peer_s)
+
+
+def poll_rendezvous(store: S3Store, paths: RunPaths, role: str, count: int) -> list[dict[str, Any]] | None:
+    """One look: the documents of the first `count` published instances of `role` ordered by id, or None."""
+    keys = store.list_keys(paths.rendezvous_prefix(role))
+    docs = []
+    for key in sorted(keys):
+        doc = store.get_json(key)
+        if isinstance(doc, dict) and "host" in doc and "port" in doc:
+            docs.append({**doc, "id": key.rsplit("/", 1)[-1].removesuffix(".json")})
+    return sorted(docs, key=lambda d: d["id"])[:count] if len(docs) >= count else None
+
+
+def _rendezvous_timeout(paths: RunPaths, role: str, count: int, timeout_s: float) -> TimeoutError:
+    return TimeoutError(f"rendezvous: fewer than {count} {role} instance(s) published within {timeout_s:.0f}s "
+                        f"under {paths.rendezvous_prefix(role)}")
+
 
 def wait_for_rendezvous(store: S3Store, paths: RunPaths, role: str, count: int, timeout_s: float,
                         poll_s: float = 0.5) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout_s
     while True:
-        keys = store.list_keys(paths.rendezvous_prefix(role))
-        docs = []
-        for key in sorted(keys):
-            doc = store.get_json(key)
-            if isinstance(doc, dict) and "host" in doc and "port" in doc:
-                docs.append({**doc, "id": key.rsplit("/", 1)[-1].removesuffix(".json")})
-        if len(docs) >= count:
-            return sorted(docs, key=lambda d: d["id"])[:count]
+        docs = poll_rendezvous(store, paths, role, count)
+        if docs is not None:
+            return docs
         if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"rendezvous: {len(docs)} of {count} {role} instance(s) published within {timeout_s:.0f}s "
-                f"under {paths.rendezvous_prefix(role)}"
-            )
+            raise _rendezvous_timeout(paths, role, count, timeout_s)
         time.sleep(poll_s)
+
+
+async def wait_for_rendezvous_async(store: S3Store, paths: RunPaths, role: str, count: int, timeout_s: float,
+                                    poll_s: float = 0.5) -> list[dict[str, Any]]:
+    """`wait_for_rendezvous` for an event loop: cancellable between looks (no thread left blocked)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        docs = await asyncio.to_thread(poll_rendezvous, store, paths, role, count)
+        if docs is not None:
+            return docs
+        if time.monotonic() > deadline:
+            raise _rendezvous_timeout(paths, role, count, timeout_s)
+        await asyncio.sleep(poll_s)
 
 
 def instance_index(role_id: str) -> int:
@@ -133,3 +168,22 @@ def instance_index(role_id: str) -> int:
 
 def base_url(doc: dict[str, Any]) -> str:
     return f"http://{doc['host']}:{doc['port']}"
+
+
+def numeric_metrics(doc: dict[str, Any]) -> dict[str, float]:
+    """The numeric fields of a status document (bools and text left out), for a heartbeat's metrics."""
+    return {k: float(v) for k, v in doc.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+async def stop_when_over(ctx: RoleContext, on_done: str, stop: asyncio.Event) -> RunOver:
+    """Set `stop` when the run is over for this role and return why. With `on_done == "stay"` a done run does not
+    stop the role (the embedded launcher still evaluates through it and stops it itself); a failed or vanished
+    trainer always does."""
+    while True:
+        over = await ctx.watch_run()
+        if over.exit_code != 0 or on_done == "exit":
+            log.log(logging.INFO if over.exit_code == 0 else logging.ERROR, "%s[%s]: stopping: %s", ctx.role,
+                    ctx.role_id, over.reason)
+            stop.set()
+            return over
+        await asyncio.Event().wait()  # stay: until the launcher stops this process

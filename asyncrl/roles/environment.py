@@ -28,7 +28,16 @@ import httpx
 from asyncrl.config import RunConfig
 from asyncrl.models.tiny import resolve_model_path
 from asyncrl.models.tokenizer import decode_response, encode_prompt, load_tokenizer
-from asyncrl.roles.context import RoleContext, base_url, instance_index, role_arg_parser, setup_logging
+from asyncrl.roles.context import (
+    RoleContext,
+    base_url,
+    instance_index,
+    role_arg_parser,
+    setup_logging,
+    stop_when_over,
+    wait_for_rendezvous_async,
+)
+from asyncrl.roles.liveness import RunOver
 from asyncrl.rollout.clients import Generated, GenerationClient, RemoteError, RewardClient
 from asyncrl.rollout.scheduler import (
     Abort,
@@ -311,8 +320,9 @@ class EnvironmentRunner:
 
 async def run_environment(ctx: RoleContext) -> None:
     cfg = ctx.cfg
-    gen_docs = await asyncio.to_thread(ctx.wait_for_peers, "generation", cfg.generation.num_servers)
-    reward_docs = await asyncio.to_thread(ctx.wait_for_peers, "reward", 1)
+    wait_s = cfg.timeouts.rendezvous_s
+    gen_docs = await wait_for_rendezvous_async(ctx.store, ctx.paths, "generation", cfg.generation.num_servers, wait_s)
+    reward_docs = await wait_for_rendezvous_async(ctx.store, ctx.paths, "reward", 1, wait_s)
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
     async with httpx.AsyncClient(limits=limits) as client:
         gens = [GenerationClient(base_url(d), client, cfg.timeouts.http_s) for d in gen_docs]
@@ -325,11 +335,30 @@ async def run_environment(ctx: RoleContext) -> None:
             await EnvironmentRunner(ctx, gens, reward).run()
 
 
+async def run_until_over(ctx: RoleContext) -> RunOver | None:
+    """Run the environment writer until it stops at the run's `done` marker (None), or until the trainer failed or
+    is gone (the `RunOver` that says so; the writer's work is cancelled)."""
+    watch = asyncio.create_task(stop_when_over(ctx, "exit", asyncio.Event()))
+    work = asyncio.create_task(run_environment(ctx))
+    finished, _ = await asyncio.wait({watch, work}, return_when=asyncio.FIRST_COMPLETED)
+    if work in finished:
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+        work.result()  # the writer's own error, if any
+        return None
+    work.cancel()
+    await asyncio.gather(work, return_exceptions=True)
+    return watch.result()
+
+
 def main(argv: list[str] | None = None) -> None:
     args = role_arg_parser("environment").parse_args(argv)
     setup_logging(args.log_level, "environment", args.id)
     ctx = RoleContext.from_args("environment", args)
-    asyncio.run(run_environment(ctx))
+    with ctx.heartbeat():
+        over = asyncio.run(run_until_over(ctx))
+    if over is not None and over.exit_code:
+        raise SystemExit(f"environment[{args.id}]: stopping: {over.reason}")
 
 
 if __name__ == "__main__":

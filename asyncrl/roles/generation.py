@@ -2,17 +2,60 @@
 
 Reads the run's config, resolves the model folder, starts the engine and HTTP server on a free port, and publishes
 `rendezvous/generation/<id>.json` once it is ready; the trainer then drives weight sync through its HTTP API.
+It beats a heartbeat carrying the engine's figures (`asyncrl.roles.liveness`) and exits by itself when the run is
+done (unless `--on-done stay`) or the trainer failed or is gone, so a finished or failed run never holds its GPUs.
 Run: `python -m asyncrl.roles.generation --run-url s3://bucket/prefix/run_id --id 0`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
-from asyncrl.generation.engine import EngineSettings
+from asyncrl.generation.engine import EngineSettings, GenerationEngine
 from asyncrl.generation.server import run_server
 from asyncrl.models.tiny import resolve_model_path
-from asyncrl.roles.context import RoleContext, advertised, instance_index, role_arg_parser, setup_logging
+from asyncrl.roles.context import (
+    RoleContext,
+    advertised,
+    instance_index,
+    numeric_metrics,
+    role_arg_parser,
+    setup_logging,
+    stop_when_over,
+)
+from asyncrl.roles.liveness import Heartbeat, RunOver
+
+log = logging.getLogger(__name__)
+
+
+async def serve(ctx: RoleContext, settings: EngineSettings, host: str, advertise: str, on_done: str,
+                heartbeat: Heartbeat) -> RunOver | None:
+    """Serve until SIGTERM/SIGINT or the end of the run; returns why the run ended it (None: stopped)."""
+    stop = asyncio.Event()
+    engines: list[GenerationEngine] = []
+    over: list[RunOver] = []
+
+    async def report() -> None:
+        while True:
+            if engines:
+                heartbeat.metrics = numeric_metrics(engines[0].health())
+            await asyncio.sleep(ctx.cfg.timeouts.heartbeat_s)
+
+    async def watch() -> None:
+        over.append(await stop_when_over(ctx, on_done, stop))
+
+    def ready(bound: str, port: int) -> None:
+        ctx.publish({"host": advertise or bound, "port": port})
+
+    tasks = [asyncio.create_task(report()), asyncio.create_task(watch())]
+    try:
+        await run_server(settings, host, 0, ready, stop, on_engine=engines.append)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return over[0] if over else None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,11 +68,10 @@ def main(argv: list[str] | None = None) -> None:
         max_num_seqs=g.max_num_seqs, seed=g.seed + instance_index(args.id),
         dtype="float32", cpu_threads=g.cpu_threads,
     )
-
-    def ready(host: str, port: int) -> None:
-        ctx.publish({"host": advertised(args, host), "port": port})
-
-    asyncio.run(run_server(settings, args.host, 0, ready))
+    with ctx.heartbeat() as heartbeat:
+        over = asyncio.run(serve(ctx, settings, args.host, advertised(args, ""), args.on_done, heartbeat))
+    if over is not None and over.exit_code:
+        raise SystemExit(f"generation[{args.id}]: stopping: {over.reason}")
 
 
 if __name__ == "__main__":

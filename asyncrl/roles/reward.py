@@ -1,6 +1,7 @@
 """The reward role: `POST /score` {task, prompt, response, metadata} → {reward, details} with the task's verifier.
 
-Stateless; any number of instances may run. `GET /health` answers liveness.
+Stateless; any number of instances may run. `GET /health` answers liveness. It beats a heartbeat carrying its
+counters and exits by itself when the run is done or the trainer failed or is gone (`asyncrl.roles.liveness`).
 Run: `python -m asyncrl.roles.reward --run-url s3://bucket/prefix/run_id --id 0`.
 """
 
@@ -17,7 +18,15 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from asyncrl.rewards.verifier import score
-from asyncrl.roles.context import RoleContext, advertised, role_arg_parser, setup_logging
+from asyncrl.roles.context import (
+    RoleContext,
+    advertised,
+    numeric_metrics,
+    role_arg_parser,
+    setup_logging,
+    stop_when_over,
+)
+from asyncrl.roles.liveness import Heartbeat, RunOver
 from asyncrl.transport.listen import bind_socket
 
 log = logging.getLogger(__name__)
@@ -36,18 +45,23 @@ class ScoreResponse(BaseModel):
     details: dict[str, Any]
 
 
-def create_app() -> FastAPI:
+def create_app(stats: dict[str, int] | None = None) -> FastAPI:
+    """The reward API; `stats` (updated in place: `scored`, `rejected`) is the role's heartbeat figures."""
     app = FastAPI(title="asyncrl reward")
-    stats = {"scored": 0}
+    stats = stats if stats is not None else {}
+    stats.setdefault("scored", 0)
+    stats.setdefault("rejected", 0)
 
     @app.post("/score", response_model=ScoreResponse)
     def post_score(req: ScoreRequest) -> ScoreResponse:
         answer = req.metadata.get("answer")
         if not isinstance(answer, str):
+            stats["rejected"] += 1
             raise HTTPException(422, "metadata.answer: expected the reference answer as a string")
         try:
             reward, details = score(req.task, req.response, answer)
         except ValueError as err:
+            stats["rejected"] += 1
             raise HTTPException(422, f"task: {err}") from None
         stats["scored"] += 1
         return ScoreResponse(reward=reward, details=details)
@@ -59,8 +73,10 @@ def create_app() -> FastAPI:
     return app
 
 
-async def serve_app(app: FastAPI, sock: socket.socket, on_ready: Callable[[str, int], None]) -> None:
-    """Serve until SIGTERM/SIGINT (uvicorn's handlers); call `on_ready(host, port)` once listening."""
+async def serve_app(app: FastAPI, sock: socket.socket, on_ready: Callable[[str, int], None],
+                    stop: asyncio.Event | None = None) -> None:
+    """Serve until SIGTERM/SIGINT (uvicorn's handlers) or `stop` is set; call `on_ready(host, port)` once
+    listening."""
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
@@ -68,7 +84,39 @@ async def serve_app(app: FastAPI, sock: socket.socket, on_ready: Callable[[str, 
     if server.started:
         host, port = sock.getsockname()[:2]
         on_ready(host, port)
+    stopping = asyncio.create_task((stop or asyncio.Event()).wait())
+    await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    server.should_exit = True
+    stopping.cancel()
     await serving
+
+
+async def serve(ctx: RoleContext, sock: socket.socket, advertise: str, on_done: str,
+                heartbeat: Heartbeat) -> RunOver | None:
+    """Serve until SIGTERM/SIGINT or the end of the run; returns why the run ended it (None: stopped)."""
+    stop = asyncio.Event()
+    stats: dict[str, int] = {}
+    over: list[RunOver] = []
+
+    async def report() -> None:
+        while True:
+            heartbeat.metrics = numeric_metrics(stats)
+            await asyncio.sleep(ctx.cfg.timeouts.heartbeat_s)
+
+    async def watch() -> None:
+        over.append(await stop_when_over(ctx, on_done, stop))
+
+    def ready(host: str, port: int) -> None:
+        ctx.publish({"host": advertise or host, "port": port})
+
+    tasks = [asyncio.create_task(report()), asyncio.create_task(watch())]
+    try:
+        await serve_app(create_app(stats), sock, ready, stop)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return over[0] if over else None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,11 +124,10 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging(args.log_level, "reward", args.id)
     ctx = RoleContext.from_args("reward", args)
     sock = bind_socket(args.host, 0)
-
-    def ready(host: str, port: int) -> None:
-        ctx.publish({"host": advertised(args, host), "port": port})
-
-    asyncio.run(serve_app(create_app(), sock, ready))
+    with ctx.heartbeat() as heartbeat:
+        over = asyncio.run(serve(ctx, sock, advertised(args, ""), args.on_done, heartbeat))
+    if over is not None and over.exit_code:
+        raise SystemExit(f"reward[{args.id}]: stopping: {over.reason}")
 
 
 if __name__ == "__main__":

@@ -11,12 +11,25 @@ One training step k (version k → k+1):
    every `checkpoint_every` steps write a checkpoint (model, optimizer, cursors; `COMMITTED` last).
 On start it resumes from the newest committed checkpoint, if any. At the end it writes the run's `done` marker.
 
-Run: `python -m asyncrl.roles.training --run-url s3://bucket/prefix/run_id`.
+Data parallel (`training.num_processes` = W > 1, one rank per GPU of the pod, or CPU processes): the same entrypoint
+under torchrun. Rank 0 (the leader) alone reads S3 groups, runs the critic phase, publishes, logs to MLflow,
+checkpoints and pushes weights; every rank runs the actor update on its share. The followers run `follow()`: they
+obey the leader's commands on the control channel (`asyncrl.training.distributed`):
+- "resume" (step = the checkpoint version, −1 for none): load that checkpoint from S3 (collective under ZeRO-3);
+- "step": the actor update (`Learner.follow_step`), then the same collective calls as the leader, in the same
+  order: the full weights after every step (for the push), optimizer then model state at checkpoint steps;
+- "stop": exit (the leader sends it at the end, and tries to when it fails between steps).
+Each command says how long the followers may wait for the next one (`next_wait_s`); a missed deadline is an error.
+
+Run: `python -m asyncrl.roles.training --run-url s3://bucket/prefix/run_id`, or
+`torchrun --standalone --nnodes 1 --nproc-per-node W -m asyncrl.roles.training --run-url ... --id 0`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from typing import Any
 
@@ -25,9 +38,12 @@ import torch
 from asyncrl.models.tiny import resolve_model_path
 from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.roles.context import RoleContext, base_url, role_arg_parser, setup_logging
+from asyncrl.roles.role_metrics import read_role_metrics
 from asyncrl.tracking.mlflow_tracker import Tracker
 from asyncrl.training.batch import build_batch
+from asyncrl.training.distributed import Command
 from asyncrl.training.learner import Learner
+from asyncrl.training.process_group import launcher_world_size
 from asyncrl.training.staleness import split_stale, staleness_histogram, staleness_stats
 from asyncrl.transport.checkpoints import (
     flatten_optimizer_state,
@@ -67,16 +83,35 @@ class Counters:
         return dict(vars(self))
 
 
+def check_world_size(num_processes: int, world_size: int) -> None:
+    """The launcher's WORLD_SIZE must be the configured number of training ranks."""
+    if world_size != num_processes:
+        raise ValueError(f"training.num_processes is {num_processes} but the launcher started {world_size} rank(s) "
+                         f"(WORLD_SIZE={world_size}): start the role under `torchrun --nproc-per-node "
+                         f"{num_processes}` (a lone process when it is 1)")
+
+
 class TrainingRunner:
     def __init__(self, ctx: RoleContext) -> None:
         self.ctx, self.cfg = ctx, ctx.cfg
+        check_world_size(self.cfg.training.num_processes, launcher_world_size())
+        t = self.cfg.timeouts
+        # the followers' waits for the leader's next command (see the module docstring)
+        self.step_wait_s = t.batch_wait_s + t.collective_s
+        self.start_wait_s = t.rendezvous_s + t.batch_wait_s + 2 * t.collective_s
         self.model_path = resolve_model_path(self.cfg)
         self.pad_id = int(load_tokenizer(self.model_path).pad_token_id)
-        tracking = ctx.store.get_json(ctx.paths.tracking())
-        self.tracker = Tracker.attach(tracking["tracking_uri"], tracking["mlflow_run_id"]) if tracking else None
-        self.learner = Learner(self.model_path, self.cfg.training, timeout_s=self.cfg.timeouts.collective_s)
+        self.learner = Learner(self.model_path, self.cfg.training, timeout_s=t.collective_s,
+                               control_timeout_s=self.start_wait_s)
         self.policy = self.learner.policy
+        self.channel = self.policy.channel
+        self.is_leader = self.policy.is_leader
+        self.tracker: Tracker | None = None
+        tracking = ctx.store.get_json(ctx.paths.tracking()) if self.is_leader else None
+        if tracking:
+            self.tracker = Tracker.attach(tracking["tracking_uri"], tracking["mlflow_run_id"])
         self.reader = GroupReader(ctx.store, ctx.paths)
+        self._followers_idle = False  # the followers wait for a command: a "stop" cannot cross another collective
         self.version = 0
         self.counters = Counters()
         self.sender: WeightSender | None = None
@@ -84,12 +119,24 @@ class TrainingRunner:
         self.first_step = 0
 
     # ---- start ---------------------------------------------------------------------------------------
-    def resume(self) -> None:
-        v = latest_committed_version(self.ctx.store, self.ctx.paths)
-        if v is None:
-            return
+    def _command(self, command: str, step: int, next_wait_s: float) -> None:
+        """Leader: send a tensor-less command to the followers (nothing with W = 1)."""
+        if self.channel is not None:
+            self._followers_idle = False
+            self.channel.send(Command(command, step, {"next_wait_s": next_wait_s}), None, self.cfg.timeouts.collective_s)
+
+    def _load_policy_state(self, v: int) -> dict[str, Any]:
+        """Every rank: load checkpoint `v`'s model and optimizer into the actor (collective under ZeRO-3)."""
         model_state, opt_tensors, meta = load_checkpoint(self.ctx.store, self.ctx.paths, v)
         self.policy.load_state(model_state, unflatten_optimizer_state(opt_tensors, meta["optimizer_skeleton"]))
+        return meta
+
+    def resume(self) -> None:
+        v = latest_committed_version(self.ctx.store, self.ctx.paths)
+        self._command("resume", -1 if v is None else v, self.start_wait_s)
+        if v is None:
+            return
+        meta = self._load_policy_state(v)
         extra = {name: load_checkpoint_tensors(self.ctx.store, self.ctx.paths, v, name)
                  for name in self.learner.extra_file_names()}
         self.learner.load_extra(extra)
@@ -98,16 +145,22 @@ class TrainingRunner:
         self.version = v
         log.info("resumed from checkpoint %d (cursors %s)", v, meta["cursors"])
 
-    def connect_generation(self) -> None:
+    def connect_generation(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        """Join the generation servers' weight-sync group; `weights` = the actor's weights at `self.version`.
+
+        The push backend is NCCL where CUDA is available (the tensors go through the rank's GPU), else gloo.
+        """
         docs = self.ctx.wait_for_peers("generation", self.cfg.generation.num_servers)
-        self.sender = WeightSender([base_url(d) for d in docs], backend="gloo",
+        cuda = self.policy.device.type == "cuda"
+        self.sender = WeightSender([base_url(d) for d in docs], backend="nccl" if cuda else "gloo",
                                    timeout_s=self.cfg.timeouts.collective_s,
-                                   bucket_bytes=int(self.cfg.training.weight_bucket_mb * 2**20))
+                                   bucket_bytes=int(self.cfg.training.weight_bucket_mb * 2**20),
+                                   device=self.policy.device)
         self.sender.connect()
         if self.version > 0:
-            self.sync_weights()  # resumed: the servers started from the warm start, bring them to this version
+            self.push(weights)  # resumed: the servers started from the warm start, bring them to this version
         else:
-            self.checksum = weights_checksum(self.policy.named_weights())  # servers load the same folder
+            self.checksum = weights_checksum(weights)  # servers load the same folder
         self.publish({})
 
     # ---- one step ------------------------------------------------------------------------------------
@@ -136,19 +189,28 @@ class TrainingRunner:
                     by_writer[writer] = by_writer.get(writer, 0) + 1
         return kept, dropped, by_writer
 
-    def sync_weights(self) -> dict[str, float]:
+    def push(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         assert self.sender is not None
-        weights = self.policy.named_weights()
         self.sender.push(self.version, weights)
         self.checksum = weights_checksum(weights)
+
+    def sync_weights(self) -> dict[str, float]:
+        self.push(self.policy.named_weights())  # collective under ZeRO-3: the followers gather too
         return self.checksum
+
+    def checkpoint_due(self, version: int) -> bool:
+        return version % self.cfg.training.checkpoint_every == 0 or version == self.cfg.training.steps
 
     def step(self, step: int) -> dict[str, float]:
         t0 = time.monotonic()
         kept, dropped, by_writer = self.collect(step)
         t1 = time.monotonic()
         batch = build_batch(kept, norm_std=self.cfg.training.norm_std, pad_id=self.pad_id)
-        train_metrics = self.learner.train_step(batch, step, temperature=self.cfg.rollout.temperature)
+        self._followers_idle = False
+        train_metrics = self.learner.train_step(
+            batch, step, temperature=self.cfg.rollout.temperature,
+            info={"checkpoint": self.checkpoint_due(step + 1), "next_wait_s": self.step_wait_s},
+        )
         t2 = time.monotonic()
         self.version = step + 1
         self.sync_weights()
@@ -192,6 +254,7 @@ class TrainingRunner:
         for lag, count in staleness_histogram(kept, step, self.cfg.rollout.async_ratio).items():
             metrics[f"staleness/hist_{lag}"] = float(count)
         metrics.update(self.rollout_metrics())
+        metrics.update(read_role_metrics(self.ctx.store, self.ctx.paths))
         return metrics
 
     def rollout_metrics(self) -> dict[str, float]:
@@ -222,6 +285,7 @@ class TrainingRunner:
         self.ctx.store.put_json(self.ctx.paths.versions_latest(), doc)
 
     def checkpoint(self) -> None:
+        # optimizer, then model state: the followers' `_checkpoint_collectives` order
         opt_tensors, skeleton = flatten_optimizer_state(self.policy.optimizer_state())
         meta = {"version": self.version, "cursors": self.reader.cursors, "counters": self.counters.as_dict(),
                 "optimizer_skeleton": skeleton}
@@ -230,8 +294,26 @@ class TrainingRunner:
         log.info("checkpoint %d committed", self.version)
 
     def run(self) -> None:
+        """The leader's run (the whole run with W = 1); a follower's `follow()`."""
+        if not self.is_leader:
+            self.follow()
+            return
+        try:
+            self.lead()
+        except BaseException:
+            if self.channel is not None and self._followers_idle:
+                try:
+                    self._command("stop", -1, 0.0)
+                except Exception as e:  # the original error is the one to raise
+                    log.warning("could not tell the followers to stop: %s", e)
+            raise
+        self._command("stop", self.cfg.training.steps, 0.0)
+
+    def lead(self) -> None:
         self.resume()
-        self.connect_generation()
+        weights = self.policy.named_weights()  # collective under ZeRO-3: the followers gather after "resume" too
+        self._followers_idle = True
+        self.connect_generation(weights)
         steps = self.cfg.training.steps
         self.first_step = self.version
         for step in range(self.version, steps):
@@ -239,13 +321,44 @@ class TrainingRunner:
             self.publish(metrics)
             if self.tracker is not None:
                 self.tracker.log_metrics(metrics, step=self.version)
-            if self.version % self.cfg.training.checkpoint_every == 0 or self.version == steps:
+            if self.checkpoint_due(self.version):
                 self.checkpoint()
+            self._followers_idle = True
             log.info("step %d/%d reward %.3f acc %.3f loss %.4f staleness %.2f/%d %.1f samples/s",
                      self.version, steps, metrics["reward/mean"], metrics["reward/accuracy"],
                      metrics.get("train/loss", float("nan")), metrics["staleness/mean"],
                      int(metrics["staleness/max"]), metrics["throughput/samples_per_s"])
         self.ctx.store.put_json(self.ctx.paths.done(), {"version": self.version, "time": time.time()})
+
+    # ---- followers (ranks 1..W-1) ----------------------------------------------------------------------
+    def follow(self) -> None:
+        """Obey the leader's commands until "stop"; a missed deadline raises `ChannelTimeout`."""
+        assert self.channel is not None
+        wait_s = self.cfg.timeouts.collective_s  # the leader sends "resume" right after the common DeepSpeed init
+        while True:
+            cmd, tensors = self.channel.receive(wait_s)
+            wait_s = float(cmd.info.get("next_wait_s", self.step_wait_s))
+            log.debug("rank %d: %s step %d", self.policy.rank, cmd.command, cmd.step)
+            if cmd.command == "stop":
+                log.info("rank %d: the leader said stop (step %d)", self.policy.rank, cmd.step)
+                return
+            if cmd.command == "resume":
+                if cmd.step >= 0:
+                    self._load_policy_state(cmd.step)
+                    log.info("rank %d: resumed from checkpoint %d", self.policy.rank, cmd.step)
+            else:
+                self.learner.follow_step(cmd, tensors)
+            if self.policy.stage == 3:
+                self.policy.named_weights()  # the leader gathers the weights to push
+            if cmd.command == "step" and cmd.info.get("checkpoint"):
+                self._checkpoint_collectives()
+
+    def _checkpoint_collectives(self) -> None:
+        """A follower's part of the leader's `checkpoint()`: the same state calls, in the same order."""
+        if self.policy.stage > 0:
+            self.policy.optimizer_state()
+        if self.policy.stage == 3:
+            self.policy.model_state()
 
     def close(self) -> None:
         if self.sender is not None:
@@ -255,15 +368,20 @@ class TrainingRunner:
 
 def main(argv: list[str] | None = None) -> None:
     args = role_arg_parser("training").parse_args(argv)
-    setup_logging(args.log_level, "training", args.id)
+    rank = int(os.environ.get("RANK", "0"))
+    setup_logging(args.log_level, "training", args.id if rank == 0 else f"{args.id}.rank{rank}")
     ctx = RoleContext.from_args("training", args)
     if ctx.cfg.training.cpu_threads:
         torch.set_num_threads(ctx.cfg.training.cpu_threads)
-    runner = TrainingRunner(ctx)
-    try:
-        runner.run()
-    finally:
-        runner.close()
+    # rank 0 alone beats the run's trainer heartbeat (the other roles exit when it says "failed" or goes silent);
+    # it starts before the model loads, so a slow start is not taken for a dead trainer
+    heartbeat = ctx.heartbeat() if rank == 0 else contextlib.nullcontext()
+    with heartbeat:
+        runner = TrainingRunner(ctx)
+        try:
+            runner.run()
+        finally:
+            runner.close()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,11 @@ GRPO advantages that `build_batch` computed:
 3. the actor trains (`PolicyTrainer.train_step`; attention credit, when configured, rescales advantages there),
    except in the critic warm-up steps, where the actor is left unchanged.
 
+Data parallel (W ranks, torchrun): rank 0 (the leader) alone holds the critics and runs steps 1–2; it then sends the
+followers the "step" command with the prepared batch (advantages and masks final) over the policy's control
+channel, and every rank runs step 3 on its share (`PolicyTrainer.train_step` is collective). A follower calls
+`follow_step` with what it received.
+
 Invariants: the values feeding GAE and the masks are those of the critics before this step's update; a
 warm-up step changes no actor weight; critic weights and optimizer moments are part of the checkpoint.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from torch import Tensor
 
@@ -27,6 +33,7 @@ from asyncrl.training.advantages import gae
 from asyncrl.training.asyppo import critic_owner, disagreement_masks
 from asyncrl.training.batch import TrainBatch
 from asyncrl.training.critic import CriticEnsemble
+from asyncrl.training.distributed import Command, batch_from_tensors, batch_tensors
 from asyncrl.training.policy import PolicyTrainer
 
 log = logging.getLogger(__name__)
@@ -36,16 +43,20 @@ CRITIC_OPTIMIZER_FILE = "critic_optimizer"
 
 
 class Learner:
-    """The actor (`PolicyTrainer`) and, with GAE, its critic(s) (`CriticEnsemble`)."""
+    """The actor (`PolicyTrainer`) and, with GAE, its critic(s) (`CriticEnsemble`, on the leader only)."""
 
-    def __init__(self, model_path: Path, cfg: TrainingConfig, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, model_path: Path, cfg: TrainingConfig, timeout_s: float = 300.0, control_timeout_s: float | None = None
+    ) -> None:
+        """`timeout_s`: training collectives and the leader's sends; `control_timeout_s`: see `PolicyTrainer`."""
         self.cfg = cfg
+        self.timeout_s = timeout_s
         critic_path = Path(cfg.critic.model_path) if cfg.critic.model_path else model_path
         if cfg.num_critics:
             _check_critic_vocab(critic_path, model_path)
-        self.policy = PolicyTrainer(model_path, cfg, timeout_s=timeout_s)
+        self.policy = PolicyTrainer(model_path, cfg, timeout_s=timeout_s, control_timeout_s=control_timeout_s)
         self.critics: CriticEnsemble | None = None
-        if cfg.num_critics:
+        if cfg.num_critics and self.policy.is_leader:
             try:
                 self.critics = CriticEnsemble(
                     critic_path,
@@ -60,21 +71,42 @@ class Learner:
                 self.policy.close()  # do not leave the actor's process group behind
                 raise
 
-    def train_step(self, batch: TrainBatch, step: int, temperature: float) -> dict[str, float]:
+    def train_step(
+        self, batch: TrainBatch, step: int, temperature: float, info: dict[str, Any] | None = None
+    ) -> dict[str, float]:
         """Train on `batch` at step `step` (0-based); returns the metrics, keys without the `train/` prefix for the
-        actor's and with `critic/` / `asyppo/` prefixes for the rest."""
+        actor's and with `critic/` / `asyppo/` prefixes for the rest.
+
+        Leader only. With W > 1 it sends the followers the "step" command (its `info` holds `info` plus `train`,
+        `temperature`, `ent_coef`) and, when the actor trains, the prepared batch.
+        """
+        if not self.policy.is_leader:
+            raise RuntimeError("Learner.train_step: only the leader (rank 0) starts a step; followers use follow_step")
         metrics: dict[str, float] = {}
         ent_coef = None
         if self.critics is not None:
             metrics.update(self._critic_phase(batch))
             if self.cfg.asyppo is not None:
                 ent_coef = self.cfg.asyppo.ent_coef
-        if step < self.cfg.critic_warmup_steps:
+        train = step >= self.cfg.critic_warmup_steps
+        channel = self.policy.channel
+        if channel is not None:
+            header = {**(info or {}), "train": train, "temperature": temperature, "ent_coef": ent_coef}
+            channel.send(Command("step", step, header), batch_tensors(batch) if train else None, self.timeout_s)
+        if not train:
             metrics["actor_updated"] = 0.0
             return metrics
         metrics.update(self.policy.train_step(batch, temperature=temperature, ent_coef=ent_coef))
         metrics["actor_updated"] = 1.0
         return metrics
+
+    def follow_step(self, cmd: Command, tensors: dict[str, Tensor]) -> None:
+        """Follower: the actor update of the leader's "step" command `cmd` (nothing in a critic warm-up step)."""
+        if cmd.command != "step":
+            raise ValueError(f"follow_step: expected a 'step' command, got {cmd.command!r}")
+        if cmd.info.get("train"):
+            self.policy.train_step(batch_from_tensors(tensors), temperature=float(cmd.info["temperature"]),
+                                   ent_coef=cmd.info.get("ent_coef"))
 
     def _critic_phase(self, batch: TrainBatch) -> dict[str, float]:
         """GAE advantages (and AsyPPO masks) written into `batch`, then one critic update."""
@@ -125,7 +157,6 @@ class Learner:
 
     def close(self) -> None:
         self.policy.close()
-
 
 
 def _check_critic_vocab(critic_path: Path, actor_path: Path) -> None:

@@ -1,9 +1,19 @@
 """The DeepSpeed policy trainer: one engine around a Hugging Face causal LM, trained on `TrainBatch`es.
 
-Owns: process-group setup for a single process (gloo, world size 1 unless a launcher set the env),
-`deepspeed.initialize` with a torch AdamW, token log-probs at the sampling temperature, one optimizer
-step per batch with exact gradient accumulation over micro batches, full HF-named weights for the
-broadcast, and model/optimizer state for checkpoints (plain tensors, safetensors-ready).
+Owns: `deepspeed.initialize` with a torch AdamW on the default process group (a lone gloo process unless a
+launcher such as torchrun set the env; see `asyncrl.training.process_group` for the device and backend), token
+log-probs at the sampling temperature, one optimizer step per batch with exact gradient accumulation over micro
+batches and over data-parallel ranks, full HF-named weights for the broadcast, and model/optimizer state for
+checkpoints (plain tensors, safetensors-ready).
+
+Data parallel (W ranks): `train_step` is collective. Every rank passes the SAME whole batch; rank r trains on its
+share (`asyncrl.training.distributed.shard_micro_batches`: equal micro-batch counts, all-masked padding), and
+scales each micro loss by W, because the micro losses already carry the whole batch's denominators and DeepSpeed
+averages gradients over the ranks: (1/W)·Σ_r W·g_r = Σ_r g_r, the gradient of the whole batch, as with W = 1.
+The accumulation boundary is each rank's last micro batch. The metric parts of every rank are gathered (JSON over
+the control channel) and merged, so every rank returns the same metrics. `named_weights`, `model_state`,
+`optimizer_state` and `load_state` are collective under ZeRO-3 (and `optimizer_state` under ZeRO 1–2): every rank
+calls them at the same points.
 
 Invariants:
 - one `train_step` = one optimizer step; the proximal log-probs are the policy's log-probs at the
@@ -20,10 +30,8 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
-import socket
 import time
-from datetime import timedelta
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -35,39 +43,17 @@ from asyncrl.config.schema import TrainingConfig
 from asyncrl.training.batch import TrainBatch
 from asyncrl.training.credit import AttentionCredit
 from asyncrl.training.deepspeed_config import deepspeed_config
+from asyncrl.training.distributed import ControlChannel, shard_micro_batches
 from asyncrl.training.losses import merge_metrics, policy_loss
+from asyncrl.training.process_group import (
+    forget_deepspeed_groups,
+    init_default_group,
+    skip_deepspeed_op_builds,
+)
 
 log = logging.getLogger(__name__)
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def ensure_dist_env() -> None:
-    """Fill in the torch.distributed env of a lone process (rank 0 of 1) where a launcher did not."""
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(_free_port())
-    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
-        os.environ.setdefault(key, value)
-
-
-def _skip_deepspeed_op_builds() -> None:
-    """Keep DeepSpeed from JIT-compiling its CPU shared-memory all-reduce op at init (~85 s, once).
-
-    DeepSpeed's TorchBackend builds `deepspeed_shm_comm` when `deepspeed.ops.__compatible_ops__` says
-    it can (probing that also runs compilers); the op only serves `inference_all_reduce`, never
-    training. Setting the (lazily computed) table to empty makes `build_shm_op` return None.
-    """
-    import deepspeed.ops
-
-    if "__compatible_ops__" not in vars(deepspeed.ops):
-        deepspeed.ops.__compatible_ops__ = {}
 
 
 class PolicyTrainer:
@@ -80,16 +66,21 @@ class PolicyTrainer:
         dtype: str = "float32",
         batch_size: int | None = None,
         timeout_s: float = 300.0,
+        control_timeout_s: float | None = None,
     ) -> None:
+        """`timeout_s`: the training group's collectives; `control_timeout_s` (W > 1): the longest wait on the
+        control channel (a follower waiting for the leader's next step), default `timeout_s`."""
         if dtype != "float32":
             raise ValueError(f"dtype: the CPU trainer trains in float32, got {dtype!r}")
         t0 = time.monotonic()
         self.cfg = cfg
-        ensure_dist_env()
-        self._owns_group = not dist.is_initialized()
-        if self._owns_group:
-            dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
-        _skip_deepspeed_op_builds()
+        self.timeout_s = timeout_s
+        self._owns_group, self.device = init_default_group(timeout_s)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.channel: ControlChannel | None = None
+        if self.world_size > 1:
+            self.channel = ControlChannel.create(max(timeout_s, control_timeout_s or 0.0))
+        skip_deepspeed_op_builds()
         import deepspeed
         from transformers import AutoModelForCausalLM
 
@@ -98,7 +89,7 @@ class PolicyTrainer:
         model.config.use_cache = False
         self._ref = None
         if cfg.kl_coef > 0:
-            self._ref = copy.deepcopy(model).eval().requires_grad_(False)
+            self._ref = copy.deepcopy(model).eval().requires_grad_(False).to(self.device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         ds_cfg = deepspeed_config(cfg, batch_size, dist.get_world_size())
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_cfg)
@@ -108,7 +99,18 @@ class PolicyTrainer:
         )
         self.stage = int(self.engine.zero_optimization_stage())
         self.init_seconds = time.monotonic() - t0
-        log.info("PolicyTrainer ready: ZeRO stage %d, init %.1f s", self.stage, self.init_seconds)
+        log.info("PolicyTrainer ready: ZeRO stage %d, rank %d of %d on %s, init %.1f s", self.stage, self.rank,
+                 self.world_size, self.device, self.init_seconds)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+    def _to_device(self, mb: TrainBatch) -> TrainBatch:
+        """`mb` on the training device (the same object on the CPU)."""
+        if self.device.type == "cpu":
+            return mb
+        return TrainBatch(**{f.name: getattr(mb, f.name).to(self.device) for f in fields(mb)})
 
     # ---- forward -------------------------------------------------------------------------------
 
@@ -137,8 +139,8 @@ class PolicyTrainer:
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         row = 0
         for mb in batch.split(self.cfg.micro_batch_size):
-            lp, _ = self._forward(mb, temperature, need_entropy_grad=False)
-            out[row : row + mb.num_samples, : lp.shape[1]] = lp
+            lp, _ = self._forward(self._to_device(mb), temperature, need_entropy_grad=False)
+            out[row : row + mb.num_samples, : lp.shape[1]] = lp.cpu()
             row += mb.num_samples
         return out
 
@@ -151,20 +153,22 @@ class PolicyTrainer:
         micro_batch_size: int | None = None,
         ent_coef: float | None = None,
     ) -> dict[str, float]:
-        """One optimizer step on `batch`, accumulating gradients over its micro batches.
+        """One optimizer step on `batch`, accumulating gradients over its micro batches (and ranks).
 
         Each micro loss carries the batch's aggregation denominators, so the accumulated gradient is
-        the gradient of the whole batch's loss. The entropy bonus (coefficient `ent_coef`, default
+        the gradient of the whole batch's loss. Collective when W > 1: every rank passes the same whole `batch`
+        and trains on its share (see the module docstring). The entropy bonus (coefficient `ent_coef`, default
         `cfg.ent_coef`) applies where `batch.entropy_mask` is 1. With `cfg.attention_credit`, each micro
         batch's advantages are rescaled by γ_t from the attention of this same forward pass (see
         `asyncrl.training.credit`). Returns the merged loss metrics plus `grad_norm` (before clipping)
         and `entropy` (mean over response tokens).
         """
-        micro = batch.split(micro_batch_size or self.cfg.micro_batch_size)
+        micro = shard_micro_batches(batch, self.rank, self.world_size, micro_batch_size or self.cfg.micro_batch_size)
         coef = self.cfg.ent_coef if ent_coef is None else ent_coef
         parts = []
-        for i, mb in enumerate(micro):
+        for i, (cpu_mb, padding) in enumerate(micro):
             self.engine.set_gradient_accumulation_boundary(i == len(micro) - 1)
+            mb = self._to_device(cpu_mb)
             advantages, credit_metrics = mb.advantages, {}
             if self.credit is not None:
                 with self.credit.capture(self.engine) as cap:
@@ -187,16 +191,24 @@ class PolicyTrainer:
                 ent_mask=mb.entropy_mask,
                 ent_coef=coef,
             )
-            self.engine.backward(loss, scale_wrt_gas=False)
-            parts.append({**metrics, **credit_metrics})
+            self.engine.backward(loss * self.world_size if self.world_size > 1 else loss, scale_wrt_gas=False)
+            if not padding:
+                parts.append({**metrics, **credit_metrics})
         grad_norm = self._grad_norm_stage0() if self.stage == 0 else None
         self.engine.step()
         if grad_norm is None:
             norm = self.engine.get_global_grad_norm()
             grad_norm = float(norm) if norm is not None else float("nan")
-        out = merge_metrics(parts)
+        out = merge_metrics(self._gather_parts(parts))
         out["grad_norm"] = grad_norm
         return out
+
+    def _gather_parts(self, parts: list[dict[str, float]]) -> list[dict[str, float]]:
+        """Every rank's metric parts, in rank order (this rank's alone when W = 1)."""
+        if self.channel is None:
+            return parts
+        every = self.channel.all_gather_json(parts, self.timeout_s)
+        return [part for rank_parts in every for part in rank_parts]
 
     def _grad_norm_stage0(self) -> float:
         norms = [p.grad.detach().norm() for p in self.engine.module.parameters() if p.grad is not None]
@@ -322,7 +334,7 @@ class PolicyTrainer:
             g["lr"] = 0.0
         try:
             self.engine.set_gradient_accumulation_boundary(True)
-            ids = torch.zeros((1, 2), dtype=torch.long)
+            ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
             logits = self.engine(input_ids=ids, use_cache=False).logits
             self.engine.backward(logits.sum() * 0.0, scale_wrt_gas=False)
             self.engine.step()
@@ -337,23 +349,5 @@ class PolicyTrainer:
             destroy()
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
-            _forget_deepspeed_groups()
+            forget_deepspeed_groups()
 
-
-def _forget_deepspeed_groups() -> None:
-    """Drop DeepSpeed's module-level caches of the destroyed process group.
-
-    `deepspeed.utils.groups` caches a clone of the world group and `deepspeed.comm` its backend; a
-    later `deepspeed.initialize` in the same process would use the dead group ("Group ... is not
-    registered") without this.
-    """
-    import deepspeed.comm.comm as ds_comm
-    from deepspeed.utils import groups
-
-    groups._WORLD_GROUP = None
-    groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
-    groups._DATA_PARALLEL_GROUP = None
-    groups._MODEL_PARALLEL_GROUP = None
-    for cache in (groups._EXPERT_PARALLEL_GROUP, groups._EXPERT_DATA_PARALLEL_GROUP, groups._ALL_TO_ALL_GROUP):
-        cache.clear()
-    ds_comm.cdb = None

@@ -7,6 +7,7 @@ Under `<prefix>/<run_id>/` (prefix may be empty):
     groups/<writer>/<seq:012d>.parquet        written once, never rewritten
     versions/latest.json
     stats/<writer>.json                       latest rollout metrics of an environment writer
+    heartbeats/<role>/<id>.json               a role's liveness (seq, state) and its own metrics
     checkpoints/<version>/<name>              committed by writing COMMITTED last
     done
 Invariants: run ids, role ids and writer ids match `[A-Za-z0-9_-]+` (run ids may also hold '.');
@@ -110,6 +111,13 @@ class RunPaths:
     def rollout_stats(self, writer: str) -> str:
         """The latest rollout metrics of one environment writer (overwritten; read by the trainer for MLflow)."""
         return self.file(f"stats/{check_id('writer', writer)}.json")
+
+    def heartbeats_prefix(self) -> str:
+        return self.file("heartbeats/")
+
+    def heartbeat(self, role: str, id: str) -> str:
+        """A role's heartbeat document (overwritten every `timeouts.heartbeat_s`; see `asyncrl.roles.liveness`)."""
+        return self.file(f"heartbeats/{check_id('role', role)}/{check_id('id', id)}.json")
 
     def checkpoints_root(self) -> str:
         return self.file("checkpoints/")

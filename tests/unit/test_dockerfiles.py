@@ -185,6 +185,12 @@ def test_make_images_fails_clearly_without_docker() -> None:
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode != 0
     assert "asyncrl-no-such-docker' is not on PATH" in proc.stderr
+    push = subprocess.run([make, "-s", "push-images", "DOCKER=asyncrl-no-such-docker", "TAG=t"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+    assert push.returncode != 0 and "REGISTRY is empty" in push.stderr
+    dry = subprocess.run([make, "-n", "images", "REGISTRY=reg.example/team/", "TAG=t1"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=30)
+    assert "-t reg.example/team/asyncrl-$i:t1" in dry.stdout and "generation training light" in dry.stdout
 
 
 # ---- the health probe ------------------------------------------------------------------------------------------

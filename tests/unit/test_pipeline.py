@@ -51,9 +51,8 @@ def _tasks(pipeline):
 def test_roles_depend_on_setup_only_and_finalize_is_the_exit_task(docs):
     pipeline, _ = docs
     tasks = _tasks(pipeline)
-    role_tasks = {n: t for n, t in tasks.items() if t.get("componentRef", {}).get("name") == "comp-role"
-                  or n.startswith("role")}
-    assert len(role_tasks) == 4
+    role_tasks = {n: t for n, t in tasks.items() if n.startswith(("role", "training-role"))}
+    assert len(role_tasks) == 4, sorted(tasks)
     for name, task in role_tasks.items():
         assert set(task.get("dependentTasks", [])) <= {"setup"}, (name, task.get("dependentTasks"))
         assert task["cachingOptions"] == {} or task["cachingOptions"].get("enableCache") is False
@@ -70,7 +69,7 @@ def test_roles_depend_on_setup_only_and_finalize_is_the_exit_task(docs):
 def test_every_role_task_has_the_cluster_settings(docs):
     pipeline, platform = docs
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    role_execs = [e for e in executors if e.startswith("exec-role")]
+    role_execs = [e for e in executors if e.startswith(("exec-role", "exec-training-role"))]
     assert len(role_execs) == 4 and "exec-setup" in executors and "exec-finalize" in executors
     for name, ex in executors.items():
         assert ex["secretAsEnv"][0]["secretName"] == "asyncrl-s3", name
@@ -88,6 +87,9 @@ def test_every_role_task_has_the_cluster_settings(docs):
         assert ex["tolerations"][0]["key"] == "nvidia.com/gpu" and "nodeSelector" in ex
     images = {pipeline["deploymentSpec"]["executors"][e]["container"]["image"] for e in role_execs}
     assert all(i.startswith("{{$.inputs.parameters[") for i in images)  # from the image parameters
+    trainer = pipeline["deploymentSpec"]["executors"]["exec-training-role"]["container"]
+    assert trainer["command"] == ["torchrun"] and "asyncrl.roles.training" in trainer["args"]
+    assert trainer["args"][trainer["args"].index("--nproc-per-node") + 1] == "{{$.inputs.parameters['processes']}}"
 
 
 def test_no_secret_in_the_pipeline(docs):
@@ -133,6 +135,21 @@ def test_upload_to_an_unreachable_host_fails_clearly():
     assert f"cannot reach the Kubeflow Pipelines API at http://127.0.0.1:{port}" in proc.stderr
 
 
+def test_a_host_that_never_answers_fails_at_the_api_deadline():
+    import time
+
+    with socket.socket() as s:  # accepts connections (the kernel's backlog) but never reads or answers
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        port = s.getsockname()[1]
+        t0 = time.monotonic()
+        proc = _cli("upload", "--host", f"http://127.0.0.1:{port}", "--api-timeout", "2")
+        waited = time.monotonic() - t0
+    assert proc.returncode == 2, proc.stderr
+    assert f"connect: no answer from the Kubeflow Pipelines API at http://127.0.0.1:{port} within 2s" in proc.stderr
+    assert waited < 60, waited  # without the deadline the kfp client waits forever
+
+
 def test_run_refuses_unknown_parameters_and_bad_configs(tmp_path):
     proc = _cli("run", "--host", "http://127.0.0.1:9", "--param", "nope=1")
     assert proc.returncode == 2 and "--param 'nope=1': expected NAME=VALUE with NAME one of" in proc.stderr
@@ -140,3 +157,18 @@ def test_run_refuses_unknown_parameters_and_bad_configs(tmp_path):
     bad.write_text("rollout:\n  async_ratio: -1\n")
     proc = _cli("run", "--host", "http://127.0.0.1:9", "--config", str(bad))
     assert proc.returncode == 2 and "async_ratio" in proc.stderr
+
+
+def test_every_dag_input_a_task_reads_is_declared_by_its_dag(docs):
+    """KFP's driver fails a task whose componentInputParameter its enclosing DAG does not declare ("parent DAG does
+    not have input parameter"); the compiler does not catch it (e.g. a GPU limit naming a pipeline parameter inside
+    a ParallelFor), so check every DAG of the compiled pipeline."""
+    pipeline, _ = docs
+    dags = {"root": pipeline["root"], **{n: c for n, c in pipeline["components"].items() if "dag" in c}}
+    for dag_name, comp in dags.items():
+        declared = set(comp.get("inputDefinitions", {}).get("parameters", {}))
+        for task_name, task in comp["dag"]["tasks"].items():
+            for pname, spec in task.get("inputs", {}).get("parameters", {}).items():
+                source = spec.get("componentInputParameter")
+                if source is not None:
+                    assert source in declared, (dag_name, task_name, pname, source)

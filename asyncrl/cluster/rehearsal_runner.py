@@ -1,0 +1,251 @@
+"""Rehearsal, the runner: run a compiled pipeline's exact task commands as local processes against an embedded S3.
+
+    rehearse("pipelines/asyncrl.yaml", {"steps": 2, ...}, workdir=Path("rehearsal"))
+
+What a Kubeflow cluster would do, on one machine: start SeaweedFS (random credentials) and give them to the tasks
+only through the pipeline's own secret / config-map / field-path env (the parent's AWS_* and launcher variables
+are removed from the children's environment); create the bucket; start each task's resolved command (see
+`asyncrl.cluster.rehearsal`) once every task it depends on has exited 0, as its own process session, with its log
+in `workdir/logs/<task>.log` and its working directory `workdir/pods/<task>`; once the run's `done` marker
+appears, every still-running task must exit by itself (with 0) within `exit_grace_s`; then the exit task
+(finalize) runs with the final status SUCCEEDED and must exit 0.
+A leading `python`/`python3` becomes this interpreter and `torchrun` `python -m torch.distributed.run` (the images'
+interpreter is this venv here).
+
+Invariants: on any failure or timeout every process is killed and `RehearsalFailed` names the task, with the tail
+of every task's log; no process started here outlives `rehearse` (try/finally, process groups killed).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asyncrl.cluster.rehearsal import RehearsalTask, load_compiled, resolve_parameters, task_commands
+from asyncrl.local.processes import Child, ProcessGroup
+from asyncrl.local.seaweed import EmbeddedS3
+from asyncrl.transport.run_layout import RunPaths
+from asyncrl.transport.s3 import S3Store
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+S3_SECRET = "asyncrl-s3"  # pipelines/asyncrl_pipeline.py
+ENDPOINTS_CONFIG_MAP = "asyncrl-endpoints"
+# what a pod does not inherit from this shell: the cluster gives these (or nothing) through the pipeline's env
+NOT_INHERITED = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
+                 "AWS_PROFILE", "MLFLOW_RUN_ID", "POD_IP", "ASYNCRL_BIND_HOST", "MASTER_ADDR", "MASTER_PORT",
+                 "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                 "TORCHELASTIC_RUN_ID")
+MAX_SHOWN_ARG = 160
+
+
+class RehearsalFailed(RuntimeError):
+    """A task failed, hung or never exited; the message names it and holds every task's log tail."""
+
+
+@dataclass
+class RehearsalResult:
+    run_id: str
+    run_url: str
+    workdir: Path
+    tasks: list[RehearsalTask]
+    exit_codes: dict[str, int]
+    started_s: dict[str, float]  # seconds after the start of the rehearsal
+    ended_s: dict[str, float]
+    done_s: float | None
+    wall_s: float
+    inspection: Any = None
+    logs: dict[str, Path] = field(default_factory=dict)
+
+
+def local_argv(command: Sequence[str], python: str = sys.executable) -> list[str]:
+    """The local equivalent of a container command: `python`/`python3` → this interpreter, `torchrun` →
+    `python -m torch.distributed.run`; anything else unchanged."""
+    if not command:
+        raise ValueError("command: expected a non-empty container command")
+    head, rest = command[0], list(command[1:])
+    if head in ("python", "python3"):
+        return [python, *rest]
+    if head == "torchrun":
+        return [python, "-m", "torch.distributed.run", *rest]
+    return [head, *rest]
+
+
+def shown(argv: Sequence[str]) -> str:
+    """A command line for people: long arguments (the finalize component's source) cut short."""
+    def cut(a: str) -> str:
+        first = a.strip().splitlines()[0] if a.strip() else a
+        return a if len(a) <= MAX_SHOWN_ARG and "\n" not in a else f"{first[:MAX_SHOWN_ARG]}...<{len(a)} chars>"
+
+    return shlex.join(cut(a) for a in argv)
+
+
+def base_env(workdir: Path, rpc_dir: Path, cache_dir: Path) -> dict[str, str]:
+    """What every task inherits: this environment without credentials, endpoints and launcher variables (the
+    pipeline must provide them), plus what the images provide (PATH to the interpreter, caches, no downloads)."""
+    env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
+    env.update({
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+        "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "DS_BUILD_OPS": "0",
+        "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+        "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"), "VLLM_RPC_BASE_PATH": str(rpc_dir),
+        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(cache_dir / "torch_extensions")),
+    })
+    return env
+
+
+class _Run:
+    """The processes of one rehearsal and the checks on them."""
+
+    def __init__(self, tasks: list[RehearsalTask], workdir: Path, env: dict[str, str], store: S3Store,
+                 paths: RunPaths, echo: Callable[[str], None]) -> None:
+        self.tasks, self.workdir, self.env, self.store, self.paths, self.echo = tasks, workdir, env, store, paths, echo
+        self.group = ProcessGroup(workdir / "logs", env)
+        self.children: dict[str, Child] = {}
+        self.t0 = time.monotonic()
+        self.started: dict[str, float] = {}
+        self.ended: dict[str, float] = {}
+        self.done_at: float | None = None
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def start(self, task: RehearsalTask) -> None:
+        argv = local_argv(task.argv)
+        pod = self.workdir / "pods" / task.name
+        pod.mkdir(parents=True, exist_ok=True)
+        log_path = self.group.log_dir / f"{task.name}.log"
+        self.echo(f"[{self.now():6.1f}s] start {task.name}: {shown(task.argv)}")
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**self.env, **task.env}, cwd=pod, start_new_session=True)
+        child = Child(task.name, proc, log_path)
+        self.group.children.append(child)
+        self.children[task.key] = child
+        self.started[task.name] = self.now()
+
+    def fail(self, task: RehearsalTask, why: str) -> RehearsalFailed:
+        tails = "\n".join(f"--- {c.name} (rc={c.proc.poll()}) {c.log_path}\n{c.tail(40)}"
+                          for c in self.group.children)
+        return RehearsalFailed(f"task {task.name}: {why}\n{tails}")
+
+    def reap(self) -> None:
+        """Record exits; a task that exited with an error fails the rehearsal."""
+        for t in self.tasks:
+            c = self.children.get(t.key)
+            if c is None or t.name in self.ended:
+                continue
+            rc = c.proc.poll()
+            if rc is None:
+                continue
+            self.ended[t.name] = self.now()
+            self.echo(f"[{self.now():6.1f}s] exit  {t.name}: rc={rc}")
+            if rc != 0:
+                raise self.fail(t, f"exited with code {rc}")
+
+    def run_body(self, timeout_s: float, exit_grace_s: float, poll_s: float) -> None:
+        body = [t for t in self.tasks if not t.is_exit]
+        deadline = self.t0 + timeout_s
+        while True:
+            self.reap()
+            finished = {t.key for t in body if t.name in self.ended}
+            if len(finished) == len(body):
+                return
+            for t in body:
+                if t.key not in self.children and all(d in finished for d in t.depends_on):
+                    self.start(t)
+            if self.done_at is None and self.store.exists(self.paths.done()):
+                self.done_at = self.now()
+                self.echo(f"[{self.done_at:6.1f}s] the run's done marker appeared; every task must now exit by "
+                          f"itself within {exit_grace_s:.0f}s")
+            running = [t for t in body if t.key in self.children and t.name not in self.ended]
+            if self.done_at is not None and self.now() > self.done_at + exit_grace_s and running:
+                raise self.fail(running[0], f"still running {exit_grace_s:.0f}s after the done marker (it must "
+                                            f"exit by itself); also running: {[t.name for t in running[1:]]}")
+            if time.monotonic() > deadline:
+                waiting = running or [t for t in body if t.key not in self.children]
+                raise self.fail(waiting[0], f"rehearsal timed out after {timeout_s:.0f}s; not finished: "
+                                            f"{[t.name for t in body if t.name not in self.ended]}")
+            time.sleep(poll_s)
+
+    def run_exit(self, timeout_s: float, poll_s: float) -> None:
+        for t in (t for t in self.tasks if t.is_exit):
+            self.start(t)
+            deadline = time.monotonic() + timeout_s
+            while t.name not in self.ended:
+                self.reap()
+                if time.monotonic() > deadline:
+                    raise self.fail(t, f"exit task did not finish within {timeout_s:.0f}s")
+                time.sleep(poll_s)
+
+
+def rehearse(yaml_path: Path | str, params: Mapping[str, Any] | None = None, *, workdir: Path | str,
+             timeout_s: float = 900.0, exit_grace_s: float = 120.0, exit_task_timeout_s: float = 300.0,
+             run_id: str | None = None, cache_dir: Path | str | None = None,
+             echo: Callable[[str], None] | None = None,
+             inspect: Callable[[S3Store, RunPaths], Any] | None = None, poll_s: float = 0.5) -> RehearsalResult:
+    """Run the pipeline in `yaml_path` with `params` (checked against its declared parameters) locally; see the
+    module docstring. `inspect(store, paths)` runs before the S3 server stops; its value is in the result."""
+    spec, platform = load_compiled(yaml_path)
+    resolved = resolve_parameters(spec, params)
+    run_id = run_id or str(uuid.uuid4())  # the form of a KFP run id
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    say = echo or (lambda msg: log.info("%s", msg))
+    cache = Path(cache_dir).resolve() if cache_dir else REPO / ".cache" / "asyncrl"
+    rpc_dir = Path(tempfile.mkdtemp(prefix="asyncrl-rh-"))  # vLLM's sockets: a short path (Unix socket limit)
+    t0 = time.monotonic()
+    run: _Run | None = None
+    try:
+        with EmbeddedS3(workdir / "s3", log_path=workdir / "logs" / "weed.log") as s3:
+            secrets = {S3_SECRET: {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}}
+            config_maps = {ENDPOINTS_CONFIG_MAP: {"AWS_ENDPOINT_URL": s3.endpoint_url}}
+            tasks = task_commands(spec, platform, resolved, run_id, secrets=secrets, config_maps=config_maps,
+                                  final_state="SUCCEEDED", outputs_dir=str(workdir / "kfp_outputs"))
+            bucket, prefix = str(resolved.get("s3_bucket", "asyncrl")), str(resolved.get("s3_prefix", "runs"))
+            store = _store(s3, bucket)
+            store.ensure_bucket()
+            paths = RunPaths(prefix, run_id)
+            say(f"rehearsal of {yaml_path}: run id {run_id}, S3 {s3.endpoint_url}, {len(tasks)} tasks, "
+                f"logs in {workdir / 'logs'}")
+            run = _Run(tasks, workdir, base_env(workdir, rpc_dir, cache), store, paths, say)
+            try:
+                run.run_body(timeout_s, exit_grace_s, poll_s)
+                run.run_exit(exit_task_timeout_s, poll_s)
+                inspection = inspect(store, paths) if inspect is not None else None
+            finally:
+                run.group.stop_all(grace_s=10.0)
+                store.close()
+        codes = {c.name: int(c.proc.returncode) for c in run.group.children}
+        return RehearsalResult(run_id=run_id, run_url=f"s3://{bucket}/{paths.root}", workdir=workdir, tasks=tasks,
+                               exit_codes=codes, started_s=run.started, ended_s=run.ended, done_s=run.done_at,
+                               wall_s=time.monotonic() - t0, inspection=inspection,
+                               logs={c.name: c.log_path for c in run.group.children})
+    finally:
+        shutil.rmtree(rpc_dir, ignore_errors=True)
+
+
+def _store(s3: EmbeddedS3, bucket: str) -> S3Store:
+    """A store with the server's credentials, without putting them in this process's environment."""
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ.update({"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key})
+    try:
+        return S3Store(s3.endpoint_url, bucket, timeout_s=30.0)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -1,0 +1,161 @@
+"""Heartbeats and the end of a run: how every role knows when to exit, so a failed run never keeps GPUs.
+
+Every role writes `heartbeats/<role>/<id>.json` every `timeouts.heartbeat_s` from a background thread (`Heartbeat`):
+{role, id, seq, state, pid, time, metrics}. `seq` grows by one per write; `state` is "running", then "finished"
+or "failed" (with `error`); `metrics` are the role's own figures, which the trainer logs to MLflow under
+`<role>/<id>/<name>` so every metric carries the role that produced it.
+
+The roles that serve the trainer (generation, reward, environment) watch the run (`watch_run`) and exit by
+themselves when:
+- the run's `done` marker exists (the trainer finished, or the pipeline's finalize step ran): exit code 0;
+- the trainer's heartbeat says "failed": exit code 1 at once;
+- the trainer's heartbeat has not appeared within `timeouts.rendezvous_s`, or its `seq` has not advanced for
+  `timeouts.peer_s` (killed, OOM, node lost): exit code 1.
+
+Staleness is judged by `PeerWatch` on this process's monotonic clock from the sequence numbers it observed, never
+by comparing the peer's wall clock with ours, so clock skew between pods cannot end a run or keep one alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from asyncrl.transport.run_layout import RunPaths
+from asyncrl.transport.s3 import S3Store
+
+log = logging.getLogger(__name__)
+
+TRAINER = ("training", "0")
+
+
+class Heartbeat:
+    """A daemon thread that writes this role's heartbeat document every `interval_s` seconds.
+
+    `metrics` may be replaced at any time by the role (a new dict: the assignment is atomic); the thread writes
+    the latest one. A failed S3 write is logged and retried at the next beat: peers tolerate `peer_s` of silence.
+    """
+
+    def __init__(self, store: S3Store, paths: RunPaths, role: str, role_id: str, interval_s: float) -> None:
+        self.store, self.key = store, paths.heartbeat(role, role_id)
+        self.role, self.role_id, self.interval_s = role, role_id, interval_s
+        self.metrics: Mapping[str, float] = {}
+        self.seq = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # one write at a time: the final state must be the last document
+        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{role}-{role_id}", daemon=True)
+        self._final = False
+
+    def __enter__(self) -> Heartbeat:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is None or isinstance(exc, SystemExit) and exc.code in (0, None):
+            self.stop("finished")
+        else:
+            self.stop("failed", f"{type(exc).__name__}: {exc}")
+
+    def start(self) -> None:
+        self.beat()
+        self._thread.start()
+
+    def beat(self, state: str = "running", error: str = "") -> None:
+        with self._lock:
+            if self._final:
+                return
+            self.seq += 1
+            doc: dict[str, Any] = {"role": self.role, "id": self.role_id, "seq": self.seq, "state": state,
+                                   "pid": os.getpid(), "time": time.time(), "metrics": dict(self.metrics)}
+            if error:
+                doc["error"] = error[:2000]
+            try:
+                self.store.put_json(self.key, doc)
+            except Exception as err:  # noqa: BLE001 - a missed beat is survivable, peers wait peer_s
+                log.warning("heartbeat %s/%s: write failed (%s); retrying next beat", self.role, self.role_id, err)
+                return
+            self._final = state != "running"
+
+    def stop(self, state: str = "finished", error: str = "") -> None:
+        """Stop beating and write the final state ("finished" or "failed")."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval_s + 5)
+        self.beat(state, error)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.beat()
+
+
+class PeerWatch:
+    """Pure: is a peer alive, from the heartbeat sequence numbers observed at local monotonic times?
+
+    Invariant: the peer is declared gone only if no heartbeat appeared within `first_s` of the watch's start, or
+    its seq has not changed for more than `peer_s` since the last change this watch saw.
+    """
+
+    def __init__(self, first_s: float, peer_s: float, now: float) -> None:
+        self.first_s, self.peer_s = first_s, peer_s
+        self.started = now
+        self.last_seq: int | None = None
+        self.last_change = now
+
+    def observe(self, seq: int | None, now: float) -> str | None:
+        """Record one observation; returns None while alive, else why the peer is gone."""
+        if seq is None:
+            if self.last_seq is None and now - self.started > self.first_s:
+                return f"no heartbeat within {self.first_s:.0f}s"
+            if self.last_seq is not None and now - self.last_change > self.peer_s:
+                return f"heartbeat gone for {now - self.last_change:.0f}s (limit {self.peer_s:.0f}s)"
+            return None
+        if seq != self.last_seq:
+            self.last_seq, self.last_change = seq, now
+            return None
+        if now - self.last_change > self.peer_s:
+            return f"heartbeat stuck at seq {seq} for {now - self.last_change:.0f}s (limit {self.peer_s:.0f}s)"
+        return None
+
+
+@dataclass(frozen=True)
+class RunOver:
+    """Why a watching role stops: `exit_code` 0 when the run is done, 1 when the trainer failed or is gone."""
+
+    reason: str
+    exit_code: int
+
+
+def check_run(store: S3Store, paths: RunPaths, watch: PeerWatch, now: float) -> RunOver | None:
+    """One look at the run: the done marker, then the trainer's heartbeat. None while the run goes on."""
+    if store.exists(paths.done()):
+        return RunOver("the run is done", 0)
+    doc = store.get_json(paths.heartbeat(*TRAINER))
+    seq = int(doc["seq"]) if isinstance(doc, dict) and isinstance(doc.get("seq"), int) else None
+    if isinstance(doc, dict) and doc.get("state") == "failed":
+        return RunOver(f"the trainer failed: {doc.get('error', 'no error recorded')}", 1)
+    if isinstance(doc, dict) and doc.get("state") == "finished":
+        return RunOver("the trainer finished", 0)
+    gone = watch.observe(seq, now)
+    return RunOver(f"the trainer is gone: {gone}", 1) if gone else None
+
+
+async def watch_run(store: S3Store, paths: RunPaths, poll_s: float, first_s: float, peer_s: float) -> RunOver:
+    """Poll every `poll_s` until the run is over (see `check_run`); S3 errors count as a missed look."""
+    watch = PeerWatch(first_s, peer_s, time.monotonic())
+    while True:
+        try:
+            over = await asyncio.to_thread(check_run, store, paths, watch, time.monotonic())
+        except Exception as err:  # noqa: BLE001 - S3 unreachable for a moment: the peer deadline still applies
+            log.warning("run watch: %s", err)
+            gone = watch.observe(watch.last_seq, time.monotonic())
+            over = RunOver(f"the trainer is gone: {gone}", 1) if gone else None
+        if over is not None:
+            log.info("run over: %s", over.reason)
+            return over
+        await asyncio.sleep(poll_s)

@@ -1,0 +1,109 @@
+"""Rehearsal of the committed Kubeflow pipeline: the compiled tasks' exact commands (setup, two generation replicas,
+training under its launcher, reward, environment, then finalize through kfp's executor) run as local processes
+against an embedded S3 server, for two training steps with the built-in tiny model. Proves the commands, their
+arguments, the secret/config-map/POD_IP env and the S3 rendezvous work without a cluster; every role exits by
+itself once the run is done, and no process is left."""
+
+from pathlib import Path
+
+import mlflow
+import psutil
+import pytest
+
+from asyncrl.cluster.pipeline_cli import DEFAULT_YAML
+from asyncrl.cluster.rehearsal_runner import RehearsalFailed, rehearse
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 2
+ROLES = ["environment-env0", "generation-0", "generation-1", "reward", "training"]
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory):
+    work = tmp_path_factory.mktemp("rehearsal")
+    db = work / "mlflow.db"
+    params = {
+        "steps": STEPS, "prompts_per_step": 4, "samples_per_prompt": 4, "mlflow_uri": f"sqlite:///{db}",
+        "mlflow_experiment": "rehearsal", "s3_bucket": "rehearsal", "model_path": "",
+        "generation_replica_ids": ["0", "1"], "training_gpus": 2,  # two data-parallel ranks under torchrun
+        "overrides": [f"cache_dir={ROOT / '.cache' / 'asyncrl'}", "generation.max_model_len=32",
+                      "training.micro_batch_size=16", "training.checkpoint_every=2"],
+    }
+
+    def inspect(store, paths):
+        return {"config": store.get_json(paths.config()), "tracking": store.get_json(paths.tracking()),
+                "generation": [store.get_json(paths.rendezvous("generation", i)) for i in ("0", "1")],
+                "latest": store.get_json(paths.versions_latest()), "done": store.exists(paths.done()),
+                "final": store.get_json(paths.file("final_status.json"))}
+
+    result = rehearse(DEFAULT_YAML, params, workdir=work / "run", timeout_s=420, exit_grace_s=90, inspect=inspect)
+    return result, db
+
+
+def test_every_task_ran_in_order_and_exited_zero(rehearsal):
+    result, _ = rehearsal
+    assert result.exit_codes == {name: 0 for name in ["setup", *ROLES, "finalize"]}
+    assert all(result.started_s[r] >= result.ended_s["setup"] for r in ROLES)  # roles after setup
+    assert result.started_s["finalize"] >= max(result.ended_s[r] for r in ROLES)  # the exit task last
+    assert result.done_s is not None and all(result.ended_s[r] <= result.done_s + 90 for r in ROLES)
+
+
+def test_s3_holds_config_rendezvous_versions_done_and_final_status(rehearsal):
+    result, _ = rehearsal
+    s3 = result.inspection
+    cfg = s3["config"]
+    assert cfg["run_id"] == result.run_id and cfg["training"]["steps"] == STEPS
+    assert cfg["training"]["num_processes"] == 2  # training_gpus → torchrun ranks
+    assert cfg["generation"]["num_servers"] == 2 and cfg["rollout"]["num_writers"] == 1
+    for doc in s3["generation"]:  # advertised through POD_IP from the platform spec's field path
+        assert doc is not None and doc["host"] == "127.0.0.1" and int(doc["port"]) > 0
+    assert s3["latest"]["version"] == STEPS
+    assert s3["done"] is True
+    assert s3["final"]["status"] == "SUCCEEDED" and s3["final"]["final_version"] == STEPS
+
+
+def test_mlflow_run_has_the_kfp_run_id_and_step_metrics(rehearsal):
+    result, db = rehearsal
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
+    run = client.get_run(result.inspection["tracking"]["mlflow_run_id"])
+    assert run.data.tags["kfp.run_id"] == result.run_id
+    assert run.data.tags["image.training"] == "asyncrl-training:latest-release"
+    assert run.info.status == "FINISHED"  # finalize ended it
+    for name in ("train/loss", "reward/mean", "staleness/max"):
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, name)) == [1, 2], name
+    # every other role's own figures, named by role and instance (from their heartbeats)
+    for name in ("generation/0/tokens_generated", "generation/1/tokens_generated", "reward/0/scored"):
+        assert client.get_metric_history(run.info.run_id, name), name
+    generated = [client.get_metric_history(run.info.run_id, f"generation/{i}/tokens_generated")[-1].value
+                 for i in ("0", "1")]
+    assert sum(generated) > 0, generated
+
+
+def test_no_process_left(rehearsal):
+    result, _ = rehearsal
+    left = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            env = p.environ()  # every task has VLLM_CACHE_ROOT under the rehearsal's folder
+        except (psutil.Error, OSError):
+            env = {}
+        if result.run_id in " ".join(p.info["cmdline"] or []) or any(str(result.workdir) in v for v in env.values()):
+            left.append((p.info["pid"], p.info["cmdline"]))
+    assert left == []
+
+
+def test_a_failing_task_stops_the_rehearsal_and_is_named(tmp_path):
+    work = tmp_path / "bad"
+    with pytest.raises(RehearsalFailed, match=r"task setup: exited with code 2[\s\S]*async_ratio"):
+        rehearse(DEFAULT_YAML, {"overrides": ["rollout.async_ratio=-1"], "mlflow_uri": ""}, workdir=work,
+                 timeout_s=120)
+    assert not (work / "logs" / "training.log").exists()  # nothing started after the failed setup
+    assert [p.pid for p in psutil.process_iter() if _in_workdir(p, work)] == []
+
+
+def _in_workdir(p: psutil.Process, work: Path) -> bool:
+    try:
+        return any(str(work) in v for v in p.environ().values())
+    except (psutil.Error, OSError):
+        return False

@@ -1,0 +1,159 @@
+"""The rehearsal's resolution of the committed pipeline YAML: every task with its exact command, ParallelFor
+expanded, every placeholder resolved, the secret / config-map / field-path env, the exit task's executor input;
+and clear errors for an unknown parameter, a wrongly typed one, a missing secret key, an unknown placeholder."""
+
+import copy
+import json
+
+import pytest
+
+from asyncrl.cluster.pipeline_cli import DEFAULT_YAML
+from asyncrl.cluster.rehearsal import (
+    RehearsalError,
+    load_compiled,
+    param_text,
+    resolve_parameters,
+    task_commands,
+)
+from asyncrl.cluster.rehearsal_runner import local_argv
+
+SECRETS = {"asyncrl-s3": {"AWS_ACCESS_KEY_ID": "AKTEST", "AWS_SECRET_ACCESS_KEY": "sekrit"}}
+CONFIG_MAPS = {"asyncrl-endpoints": {"AWS_ENDPOINT_URL": "http://127.0.0.1:9999"}}
+RUN = "0f1e2d3c-run"
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return load_compiled(DEFAULT_YAML)
+
+
+def _tasks(compiled, **overrides):
+    spec, platform = compiled
+    params = resolve_parameters(spec, {"generation_replica_ids": ["0", "1"], "steps": 2, **overrides})
+    return {t.name: t for t in task_commands(spec, platform, params, RUN, secrets=SECRETS, config_maps=CONFIG_MAPS,
+                                             outputs_dir="/work/out")}
+
+
+def _after_module(argv, module):
+    """What follows `-m <module>` (the role's own arguments, whatever launches it: python or torchrun)."""
+    i = argv.index(module)
+    assert argv[i - 1] == "-m" and argv[0] in ("python", "python3", "torchrun"), argv
+    return argv[i + 1:]
+
+
+def _dag_task_key(spec, display_name):
+    """(component, task key) of the DAG task shown as `display_name`."""
+    for comp_name, comp in spec["components"].items():
+        for key, task in comp.get("dag", {}).get("tasks", {}).items():
+            if task.get("taskInfo", {}).get("name") == display_name:
+                return comp_name, key
+    raise AssertionError(display_name)
+
+
+def test_every_task_found_with_the_loop_expanded(compiled):
+    tasks = _tasks(compiled)
+    assert sorted(tasks) == ["environment-env0", "finalize", "generation-0", "generation-1", "reward", "setup",
+                             "training"]
+    url = f"s3://asyncrl/runs/{RUN}"
+    for name, module, role_id in [("generation-0", "generation", "0"), ("generation-1", "generation", "1"),
+                                  ("training", "training", "0"), ("reward", "reward", "0"),
+                                  ("environment-env0", "environment", "env0")]:
+        t = tasks[name]
+        assert _after_module(t.argv, f"asyncrl.roles.{module}") == ["--run-url", url, "--id", role_id, "--host",
+                                                                    "0.0.0.0"], name
+        assert t.depends_on == (tasks["setup"].key,) and not t.is_exit and t.role == module
+    assert tasks["generation-1"].loop_item == "1" and tasks["generation-0"].image == "asyncrl-generation:latest-release"
+    assert tasks["finalize"].is_exit and tasks["setup"].depends_on == ()
+    body = {t.key for n, t in tasks.items() if n != "finalize"}
+    assert set(tasks["finalize"].depends_on) == body  # the exit task waits for everything inside the handler
+
+
+def test_setup_arguments_and_no_placeholder_left(compiled):
+    tasks = _tasks(compiled, overrides=["cache_dir=/c", "training.micro_batch_size=16"], mlflow_uri="sqlite:///m.db")
+    args = tasks["setup"].argv
+    assert args[:3] == ["python", "-m", "asyncrl.cluster.setup"]
+    pairs = dict(zip(args[3::2], args[4::2], strict=False))
+    assert pairs["--run-id"] == RUN and pairs["--bucket"] == "asyncrl" and pairs["--prefix"] == "runs"
+    assert pairs["--generation-ids-json"] == '["0","1"]' and pairs["--environment-ids-json"] == '["env0"]'
+    assert pairs["--overrides-json"] == '["cache_dir=/c","training.micro_batch_size=16"]'
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    assert {"training.loss=decoupled_ppo", "rollout.async_ratio=1", "training.steps=2", "rollout.prompts_per_step=32",
+            "rollout.samples_per_prompt=8", "tracking.tracking_uri=sqlite:///m.db",
+            "tracking.experiment=asyncrl"} <= set(sets)
+    for t in tasks.values():
+        assert not any("{{" in a for a in t.argv if not a.startswith('{"inputs"')), t.name
+        assert not any("{{" in v for v in t.env.values()), t.name
+
+
+def test_env_from_secret_config_map_and_field_path(compiled):
+    for t in _tasks(compiled).values():
+        assert t.env["AWS_ACCESS_KEY_ID"] == "AKTEST" and t.env["AWS_SECRET_ACCESS_KEY"] == "sekrit", t.name
+        assert t.env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9999" and t.env["POD_IP"] == "127.0.0.1", t.name
+        assert t.env["ASYNCRL_BIND_HOST"] == "0.0.0.0", t.name
+
+
+def test_finalize_runs_kfp_executor_with_the_final_status(compiled):
+    t = _tasks(compiled)["finalize"]
+    assert t.command[:2] == ("sh", "-ec") and "kfp.dsl.executor_main" in t.command[2]
+    assert "def finalize(" in t.command[3] and "pip install" not in t.command[2]  # install_kfp_package=False
+    i = t.args.index("--executor_input")
+    doc = json.loads(t.args[i + 1])
+    values = doc["inputs"]["parameterValues"]
+    assert values["bucket"] == "asyncrl" and values["prefix"] == "runs" and values["run_id"] == RUN
+    assert values["status"] == {"state": "SUCCEEDED", "pipelineJobResourceName": f"asyncrl-{RUN}",
+                                "pipelineTaskName": "exit-handler-1", "error": {}}
+    assert doc["outputs"]["outputFile"] == "/work/out/finalize/output_metadata.json"
+    assert t.args[i + 2:] == ("--function_to_execute", "finalize")
+
+
+def test_parameters_defaults_and_checks(compiled):
+    spec, _ = compiled
+    params = resolve_parameters(spec)
+    assert params["steps"] == 50 and isinstance(params["steps"], int) and params["generation_replica_ids"] == ["0"]
+    with pytest.raises(RehearsalError, match="parameter stepz: not a parameter of this pipeline"):
+        resolve_parameters(spec, {"stepz": 2})
+    with pytest.raises(RehearsalError, match="parameter steps: expected a NUMBER_INTEGER value, got '2'"):
+        resolve_parameters(spec, {"steps": "2"})
+    with pytest.raises(RehearsalError, match="parameter generation_replica_ids: expected a LIST"):
+        resolve_parameters(spec, {"generation_replica_ids": "0"})
+
+
+def test_missing_secret_or_key_is_an_error(compiled):
+    spec, platform = compiled
+    params = resolve_parameters(spec)
+    with pytest.raises(RehearsalError, match="secret 'asyncrl-s3' has no key 'AWS_SECRET_ACCESS_KEY'"):
+        task_commands(spec, platform, params, RUN, secrets={"asyncrl-s3": {"AWS_ACCESS_KEY_ID": "x"}},
+                      config_maps=CONFIG_MAPS)
+    with pytest.raises(RehearsalError, match="secret 'asyncrl-s3' is not given"):
+        task_commands(spec, platform, params, RUN, secrets={}, config_maps=CONFIG_MAPS)
+    with pytest.raises(RehearsalError, match="config map 'asyncrl-endpoints' has no key 'AWS_ENDPOINT_URL'"):
+        task_commands(spec, platform, params, RUN, secrets=SECRETS, config_maps={"asyncrl-endpoints": {}})
+
+
+def test_unknown_placeholder_and_missing_inputs_are_errors(compiled):
+    spec, platform = copy.deepcopy(compiled)
+    params = resolve_parameters(spec)
+    spec["deploymentSpec"]["executors"]["exec-setup"]["container"]["args"].append("{{$.pipeline_mystery}}")
+    with pytest.raises(RehearsalError, match=r"task exit-handler-1/setup: unknown placeholder \{\{\$.pipeline_myst"):
+        task_commands(spec, platform, params, RUN, secrets=SECRETS, config_maps=CONFIG_MAPS)
+    spec, platform = copy.deepcopy(compiled)
+    comp, key = _dag_task_key(spec, "reward")
+    del spec["components"][comp]["dag"]["tasks"][key]["inputs"]["parameters"]["bucket"]
+    with pytest.raises(RehearsalError, match=f"task exit-handler-1/{key}: input bucket: required by component"):
+        task_commands(spec, platform, params, RUN, secrets=SECRETS, config_maps=CONFIG_MAPS)
+    spec, platform = copy.deepcopy(compiled)
+    comp, key = _dag_task_key(spec, "environment-replicas")
+    del spec["components"][comp]["dag"]["tasks"][key]["inputs"]["parameters"]["pipelinechannel--s3_bucket"]
+    # the KFP driver fails such a task too: "parent DAG does not have input parameter ..."
+    with pytest.raises(RehearsalError, match="componentInputParameter 'pipelinechannel--s3_bucket' is not in the "
+                                             "enclosing DAG's inputs"):
+        task_commands(spec, platform, params, RUN, secrets=SECRETS, config_maps=CONFIG_MAPS)
+
+
+def test_param_text_and_local_argv():
+    assert [param_text(v) for v in ("a b", 2, 2.0, 0.5, True, ["0", "1"], {"k": 1})] == [
+        "a b", "2", "2", "0.5", "true", '["0","1"]', '{"k":1}']
+    assert local_argv(["python3", "-m", "m"])[1:] == ["-m", "m"]
+    assert local_argv(["torchrun", "--standalone", "-m", "m"])[1:] == ["-m", "torch.distributed.run",
+                                                                        "--standalone", "-m", "m"]
+    assert local_argv(["sh", "-c", "true"]) == ["sh", "-c", "true"]
