@@ -72,12 +72,10 @@ def test_mlflow_run_has_the_kfp_run_id_and_step_metrics(rehearsal):
     assert run.info.status == "FINISHED"  # finalize ended it
     for name in ("train/loss", "reward/mean", "staleness/max"):
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, name)) == [1, 2], name
-    # every other role's own figures, named by role and instance (from their heartbeats)
+    # every other role's own figures, named by role and instance (from their heartbeats; their values lag by up to
+    # two heartbeats, so test_role_liveness checks the values and this checks the names)
     for name in ("generation/0/tokens_generated", "generation/1/tokens_generated", "reward/0/scored"):
         assert client.get_metric_history(run.info.run_id, name), name
-    generated = [client.get_metric_history(run.info.run_id, f"generation/{i}/tokens_generated")[-1].value
-                 for i in ("0", "1")]
-    assert sum(generated) > 0, generated
 
 
 def test_no_process_left(rehearsal):
