@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint unit build-model bench calibrate stability credit-overhead agentic agentic-bench images push-images clean
+.PHONY: install run test lint unit build-model bench calibrate stability credit-overhead agentic agentic-bench faults images push-images clean
 
 install: $(STAMP)
 
@@ -40,7 +40,7 @@ unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 test: $(STAMP) lint
-	$(PY) -m pytest -q -rs tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs --durations=20 tests $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/async_vs_sync.py
@@ -65,6 +65,11 @@ agentic: $(STAMP)
 # Agentic RL with slow environments: sync against async with and without redundancy, real and simulated (~12 min).
 agentic-bench: $(STAMP)
 	$(PY) benchmarks/agentic_async_vs_sync.py
+
+# The fault-injection suite (tests/faults/): each case kills, stops or corrupts a real part of an embedded run;
+# its figures (time to recover, what was lost) go to benchmarks/results/faults/.
+faults: install
+	ASYNCRL_FAULT_RESULTS=benchmarks/results/faults $(PY) -m pytest -q -s tests/faults
 
 # Container images (docker/README.md): build from the repository root and tag with the git revision.
 # REGISTRY (e.g. registry.example.com/team/, with the trailing slash) prefixes the names for push-images.

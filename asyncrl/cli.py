@@ -31,6 +31,10 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override one field; repeatable")
         s.add_argument("--log-level", default=os.environ.get("ASYNCRL_LOG_LEVEL", "WARNING"))
+        if name == "run":
+            s.add_argument("--resume", default="", metavar="RUN_ID",
+                           help="continue the run RUN_ID (a folder under runs_dir) from its last committed checkpoint; "
+                                "its own configuration is used (give no CONFIG and no --set, except runs_dir)")
     from asyncrl.cluster.pipeline_cli import add_parser
     from asyncrl.sim.commands import add_parsers
 
@@ -45,6 +49,25 @@ def _load(args: argparse.Namespace) -> RunConfig:
     except ConfigError as err:
         print(f"asyncrl: {err}", file=sys.stderr)
         sys.exit(2)
+
+
+def _resume(args: argparse.Namespace) -> None:
+    from asyncrl.local.launcher import run_embedded
+    from asyncrl.local.resume import ResumeError, load_run_config
+
+    extra = [o for o in args.overrides if not o.startswith("runs_dir=")]
+    if args.config or extra:
+        print(f"asyncrl run --resume: a resumed run keeps its own configuration; got "
+              f"{args.config or ''} {' '.join(extra)}".rstrip(), file=sys.stderr)
+        sys.exit(2)
+    runs_dir = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("runs_dir=")), RunConfig().runs_dir)
+    try:
+        cfg = load_run_config(runs_dir, args.resume)
+    except (ResumeError, ConfigError) as err:
+        print(f"asyncrl run: {err}", file=sys.stderr)
+        sys.exit(2)
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    run_embedded(cfg, resume=True)
 
 
 def _sigterm_as_interrupt(signum: int, frame: object) -> None:
@@ -71,6 +94,9 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as err:
             print(f"asyncrl {args.command}: {err}", file=sys.stderr)
             sys.exit(2)
+        return
+    if args.command == "run" and args.resume:
+        _resume(args)
         return
     cfg = _load(args)
     if args.command == "validate":

@@ -70,11 +70,14 @@ def probe_targets(listeners: Iterable[tuple[str, int, int]], owned: set[int] | N
     return targets
 
 
-def healthy(host: str, port: int, timeout_s: float) -> bool:
-    """True when `GET http://host:port/health` answers 200 within `timeout_s`."""
+def healthy(host: str, port: int, timeout_s: float, token: str = "") -> bool:
+    """True when `GET http://host:port/health` answers 200 within `timeout_s`; the role servers require the run's
+    bearer token (`ASYNCRL_ROLE_TOKEN`, sent when set)."""
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://{netloc}/health", headers=headers)
     try:
-        with urllib.request.urlopen(f"http://{netloc}/health", timeout=timeout_s) as resp:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310
             return resp.status == 200
     except (OSError, urllib.error.URLError, ValueError):
         return False
@@ -108,8 +111,9 @@ def main(env: dict[str, str] | None = None) -> int:
                 return 0
             print("no listening port found for the role process", file=sys.stderr)
             return 1
+    token = env.get("ASYNCRL_ROLE_TOKEN", "").strip()
     for host, p in targets:
-        if healthy(host, p, timeout_s):
+        if healthy(host, p, timeout_s, token):
             return 0
     print(f"GET /health failed on {targets}", file=sys.stderr)
     return 1

@@ -9,7 +9,8 @@ to S3 under the KFP run id; the roles depend on setup only (they read that docum
 runs them concurrently; they find each other through S3 rendezvous documents under the run id.
 
 Per role task, through kfp-kubernetes: the image from a pipeline parameter, GPUs (generation and training), the S3
-credentials from the Kubernetes secret `asyncrl-s3` (never a parameter) and the endpoint from the config map
+credentials from the Kubernetes secret `asyncrl-s3` (never a parameter), the role servers' bearer token from the
+secret `asyncrl-role-token`, and the endpoint from the config map
 `asyncrl-endpoints`, `POD_IP` from the pod's
 status (the address a role advertises), a memory-backed `/dev/shm` for NCCL and DataLoader shared memory,
 tolerations and a node selector for GPU nodes, a timeout, and caching disabled (a role is never "cached").
@@ -22,6 +23,7 @@ from components.roles import finalize, role, setup, training_role
 
 S3_SECRET = "asyncrl-s3"
 S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
+ROLE_TOKEN_SECRET = "asyncrl-role-token"  # key ASYNCRL_ROLE_TOKEN: the role servers' bearer token
 ENDPOINTS_CONFIG_MAP = "asyncrl-endpoints"  # manifests/base/endpoints-configmap.yaml
 GPU_RESOURCE = "nvidia.com/gpu"
 ROLE_TIMEOUT_S = 7 * 24 * 3600
@@ -33,6 +35,8 @@ def _common(task: dsl.PipelineTask, image: str, role_name: str, timeout_s: int) 
     task.set_container_image(image)
     task.set_caching_options(False)
     kubernetes.use_secret_as_env(task, secret_name=S3_SECRET, secret_key_to_env=S3_SECRET_KEYS)
+    kubernetes.use_secret_as_env(task, secret_name=ROLE_TOKEN_SECRET,
+                                 secret_key_to_env={"ASYNCRL_ROLE_TOKEN": "ASYNCRL_ROLE_TOKEN"})
     kubernetes.use_config_map_as_env(task, config_map_name=ENDPOINTS_CONFIG_MAP,
                                      config_map_key_to_env={"AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL"})
     kubernetes.use_field_path_as_env(task, env_name="POD_IP", field_path="status.podIP")

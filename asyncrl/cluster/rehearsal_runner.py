@@ -35,6 +35,7 @@ from typing import Any
 from asyncrl.cluster.rehearsal import RehearsalTask, load_compiled, resolve_parameters, task_commands
 from asyncrl.local.processes import Child, ProcessGroup
 from asyncrl.local.seaweed import EmbeddedS3
+from asyncrl.transport.auth import TOKEN_ENV, new_token
 from asyncrl.transport.run_layout import RunPaths
 from asyncrl.transport.s3 import S3Store
 
@@ -42,12 +43,13 @@ log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
 S3_SECRET = "asyncrl-s3"  # pipelines/asyncrl_pipeline.py
+ROLE_TOKEN_SECRET = "asyncrl-role-token"  # pipelines/asyncrl_pipeline.py: key ASYNCRL_ROLE_TOKEN, one per rehearsal
 ENDPOINTS_CONFIG_MAP = "asyncrl-endpoints"
 # what a pod does not inherit from this shell: the cluster gives these (or nothing) through the pipeline's env
 NOT_INHERITED = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
                  "AWS_PROFILE", "MLFLOW_RUN_ID", "POD_IP", "ASYNCRL_BIND_HOST", "MASTER_ADDR", "MASTER_PORT",
                  "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                 "TORCHELASTIC_RUN_ID")
+                 "TORCHELASTIC_RUN_ID", "ASYNCRL_ROLE_TOKEN")
 MAX_SHOWN_ARG = 160
 
 
@@ -210,7 +212,8 @@ def rehearse(yaml_path: Path | str, params: Mapping[str, Any] | None = None, *, 
     run: _Run | None = None
     try:
         with EmbeddedS3(workdir / "s3", log_path=workdir / "logs" / "weed.log") as s3:
-            secrets = {S3_SECRET: {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key}}
+            secrets = {S3_SECRET: {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key},
+                       ROLE_TOKEN_SECRET: {TOKEN_ENV: new_token()}}
             config_maps = {ENDPOINTS_CONFIG_MAP: {"AWS_ENDPOINT_URL": s3.endpoint_url}}
             tasks = task_commands(spec, platform, resolved, run_id, secrets=secrets, config_maps=config_maps,
                                   final_state="SUCCEEDED", outputs_dir=str(workdir / "kfp_outputs"))

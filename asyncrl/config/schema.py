@@ -317,6 +317,10 @@ class TimeoutsConfig(_Section):
     rendezvous_s: float = Field(600.0, gt=0, description="Waiting for another role to publish its address.")
     startup_s: float = Field(900.0, gt=0, description="A role (vLLM engine start, DeepSpeed init) becoming ready.")
     batch_wait_s: float = Field(900.0, gt=0, description="Trainer waiting for the groups of one step.")
+    storage_s: float = Field(120.0, gt=0, description="Every S3 call retries transient errors (throttling, 5xx, "
+                             "connection loss) with backoff and jitter until this deadline, then fails naming the key.")
+    group_gap_wait_s: float = Field(60.0, ge=0, description="Trainer: how long a missing group object that a later "
+                                    "one of the same writer follows is waited for before it is skipped and counted.")
     heartbeat_s: float = Field(5.0, gt=0, le=300, description="How often every role writes its heartbeat to S3.")
     peer_s: float = Field(120.0, gt=0, description="A role exits when the trainer's heartbeat has not advanced for "
                           "this long (a failed run never keeps GPUs).")

@@ -7,9 +7,14 @@ Protocol (JSON over HTTP, one session per episode):
   when the episode ends;
 - `POST /close` {session_id} → {}; `GET /health` → {sessions}.
 Unknown environments, bad parameters, unknown sessions and steps after the end get a 4xx with a message naming the
-problem. Requests are bounded (`MAX_ACTION_CHARS`). `RemoteEnvironment` implements `Environment` against such a
+problem. Requests are bounded (`MAX_ACTION_CHARS`, bodies over `MAX_BODY_BYTES` get 413). `RemoteEnvironment` implements `Environment` against such a
 server with a deadline on every call; users run heavy environments (browsers, containers) behind their own server
 and point the adapter at it.
+
+Authentication: `python -m asyncrl.envs.remote` requires a bearer token from `ASYNCRL_ENV_TOKEN` on every route
+(401 without, 403 wrong; `--insecure-no-token` to serve without one); `RemoteEnvironment` sends
+`Authorization: Bearer $ASYNCRL_ENV_TOKEN` when that variable is set. A variable of its own, not the run's
+`ASYNCRL_ROLE_TOKEN`, so the role token never reaches a user-run environment server; never in the env config.
 """
 
 from __future__ import annotations
@@ -22,9 +27,17 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
 
 from asyncrl.envs.base import EpisodeOver, StepResult, make
+from asyncrl.transport.auth import (
+    ENV_SERVER_TOKEN_ENV,
+    MissingTokenError,
+    auth_headers,
+    require_token,
+    secure_app,
+)
 
 MAX_ACTION_CHARS = 65_536
 MAX_SESSIONS = 4096
+MAX_BODY_BYTES = 1 << 20
 
 
 class ResetRequest(BaseModel):
@@ -42,9 +55,11 @@ class CloseRequest(BaseModel):
     session_id: str = Field(min_length=1, max_length=64)
 
 
-def create_env_app() -> FastAPI:
-    """The reference environment server (in-process environments, one per session)."""
+def create_env_app(token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """The reference environment server (in-process environments, one per session); every route requires `token`
+    as a bearer token when it is given (None: open, for in-process tests); bodies are limited to `max_body_bytes`."""
     app = FastAPI(title="asyncrl environment server")
+    secure_app(app, token, max_body_bytes, var=ENV_SERVER_TOKEN_ENV)
     sessions: dict[str, Any] = {}
 
     @app.get("/health")
@@ -92,18 +107,21 @@ class RemoteError(RuntimeError):
 
 
 class RemoteEnvironment:
-    """`Environment` backed by a server speaking the protocol above; every call has a deadline (`timeout_s`)."""
+    """`Environment` backed by a server speaking the protocol above; every call has a deadline (`timeout_s`).
+    Calls carry `Authorization: Bearer <token>`, the token defaulting to `ASYNCRL_ENV_TOKEN` (none when unset)."""
 
     def __init__(self, url: str, env: str, params: dict[str, Any] | None = None, timeout_s: float = 30.0,
-                 client: httpx.AsyncClient | None = None) -> None:
+                 client: httpx.AsyncClient | None = None, token: str | None = None) -> None:
         self.url, self.env, self.params, self.timeout_s = url.rstrip("/"), env, dict(params or {}), timeout_s
+        self._headers = auth_headers(token, var=ENV_SERVER_TOKEN_ENV)
         self._client = client or httpx.AsyncClient(timeout=timeout_s)
         self._own_client = client is None
         self.session_id: str | None = None
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            r = await self._client.post(f"{self.url}{path}", json=body, timeout=self.timeout_s)
+            r = await self._client.post(f"{self.url}{path}", json=body, headers=self._headers,
+                                        timeout=self.timeout_s)
         except httpx.HTTPError as e:
             raise RemoteError(f"{self.url}{path}: {type(e).__name__}: {e}") from e
         if r.status_code == 409:
@@ -150,7 +168,8 @@ class RemoteEnvironment:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Serve every registered environment: `python -m asyncrl.envs.remote --host 0.0.0.0 --port 8000`."""
+    """Serve every registered environment: `ASYNCRL_ENV_TOKEN=... python -m asyncrl.envs.remote --host 0.0.0.0
+    --port 8000`."""
     import argparse
 
     import uvicorn
@@ -158,8 +177,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="The reference environment server (asyncrl.envs.remote).")
     parser.add_argument("--host", default="127.0.0.1", help="Bind address (default loopback only).")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--insecure-no-token", action="store_true",
+                        help=f"serve without a bearer token (otherwise {ENV_SERVER_TOKEN_ENV} must be set)")
     args = parser.parse_args(argv)
-    uvicorn.run(create_env_app(), host=args.host, port=args.port, log_level="warning")
+    token: str | None = None
+    if not args.insecure_no_token:
+        try:
+            token = require_token(var=ENV_SERVER_TOKEN_ENV)
+        except MissingTokenError as e:
+            raise SystemExit(f"asyncrl.envs.remote: {e} (or pass --insecure-no-token)") from None
+    uvicorn.run(create_env_app(token), host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -9,10 +9,13 @@ Routes (DESIGN.md "Generation API" and "Weight sync"):
 - `POST /weights/update` {version[, timeout_s]} → {version, seconds}
 - `GET /weights/checksum` → {version, checksum, source, workers: [per-worker checksums]}
 Bad bodies get 422 (pydantic, naming the field) or 400 (engine-level checks, naming the field).
+Every route needs `Authorization: Bearer $ASYNCRL_ROLE_TOKEN` (401 without, 403 wrong: `asyncrl.transport.auth`) and
+bodies are limited to `MAX_BODY_BYTES` (413); `run_server` refuses to start without the token unless told
+`insecure_no_token=True` (`--insecure-no-token`, for tests on loopback only).
 
-`python -m asyncrl.generation.server --model DIR --port 0 --ready-file PATH` binds the socket itself (port 0
-picks a free one), writes {"host","port","pid"} atomically to the ready file once the engine is ready,
-and shuts the engine down on SIGTERM/SIGINT.
+`python -m asyncrl.generation.server --model DIR --port 0 --ready-file PATH` (token from the environment) binds
+the socket itself (port 0 picks a free one), writes {"host","port","pid"} atomically to the ready file once the
+engine is ready, and shuts the engine down on SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -39,9 +42,14 @@ from asyncrl.generation.engine import (
     GenerationEngine,
     RequestConflict,
 )
+from asyncrl.transport.auth import MissingTokenError, require_token, secure_app
 from asyncrl.transport.listen import bind_socket
 
 log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 8 << 20  # a /generate body of MAX_PROMPT_TOKENS ids is well under this
+MAX_PROMPT_TOKENS = 1 << 20
+MAX_STOP_TOKENS = 4096
 
 
 class _Body(BaseModel):
@@ -50,12 +58,12 @@ class _Body(BaseModel):
 
 class GenerateRequest(_Body):
     request_id: str = Field(min_length=1, max_length=256)
-    prompt_token_ids: list[int] = Field(min_length=1)
+    prompt_token_ids: list[int] = Field(min_length=1, max_length=MAX_PROMPT_TOKENS)
     max_tokens: int = Field(ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = None
-    stop_token_ids: list[int] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list, max_length=MAX_STOP_TOKENS)
     min_tokens: int = Field(0, ge=0)  # EOS and stop_token_ids cannot end the request before this many tokens
     ignore_eos: bool = False  # the model's EOS does not end the request (stop_token_ids still do)
 
@@ -69,7 +77,7 @@ class GenerateRequest(_Body):
 
 
 class AbortRequest(_Body):
-    request_id: str = Field(min_length=1)
+    request_id: str = Field(min_length=1, max_length=256)
 
 
 class WeightsInitRequest(_Body):
@@ -87,8 +95,11 @@ class WeightsUpdateRequest(_Body):
     timeout_s: float = Field(300.0, gt=0)
 
 
-def create_app(engine: GenerationEngine) -> FastAPI:
+def create_app(engine: GenerationEngine, token: str | None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """The generation API over `engine`; every route requires `token` as a bearer token (None: no check, only for
+    an explicitly insecure server) and bodies are limited to `max_body_bytes`."""
     app = FastAPI(title="asyncrl generation server")
+    secure_app(app, token, max_body_bytes)
 
     @app.post("/generate")
     async def generate(req: GenerateRequest) -> dict[str, Any]:
@@ -161,13 +172,23 @@ async def run_server(
     on_ready: Callable[[str, int], Awaitable[None] | None] | None = None,
     stop: asyncio.Event | None = None,
     on_engine: Callable[[GenerationEngine], None] | None = None,
+    *,
+    token: str | None = None,
+    insecure_no_token: bool = False,
 ) -> None:
     """Start the engine, serve HTTP until SIGTERM/SIGINT (or `stop` is set), then shut the engine down.
 
     `on_engine(engine)` runs once the engine has started (the role reads its `health()` for its heartbeat);
     `on_ready(host, port)` runs once the engine is ready and the socket is listening (sync or async).
     Signal handlers are installed only when running in the main thread.
+    The bearer token is `token`, else `ASYNCRL_ROLE_TOKEN` (a `MissingTokenError` naming the variable, before
+    anything starts, when neither is set); `insecure_no_token=True` serves without any token check.
     """
+    if insecure_no_token:
+        log.warning("generation server: --insecure-no-token: every route is open to anyone who can connect")
+        token = None
+    else:
+        token = token or require_token()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     installed: list[int] = []
@@ -182,7 +203,7 @@ async def run_server(
         engine = await GenerationEngine.start(settings)
         if on_engine is not None:
             on_engine(engine)
-        config = uvicorn.Config(create_app(engine), log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+        config = uvicorn.Config(create_app(engine, token), log_level="warning", access_log=False, timeout_graceful_shutdown=5)
         server = _Server(config)
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not serving.done():
@@ -219,6 +240,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--work-dir", default=None, help="folder for vLLM's RPC sockets and cache")
     p.add_argument("--ready-file", default=None, help='write {"host","port","pid"} here once ready')
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--insecure-no-token", action="store_true",
+                   help="serve without the bearer token (tests on loopback only); otherwise ASYNCRL_ROLE_TOKEN "
+                        "must be set")
     return p.parse_args(argv)
 
 
@@ -232,12 +256,17 @@ def serve(args: argparse.Namespace) -> None:
         if args.ready_file:
             write_ready_file(args.ready_file, host, port)
 
-    asyncio.run(run_server(settings, args.host, args.port, on_ready))
+    asyncio.run(run_server(settings, args.host, args.port, on_ready, insecure_no_token=args.insecure_no_token))
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.insecure_no_token:
+        try:
+            require_token()
+        except MissingTokenError as e:
+            raise SystemExit(f"asyncrl.generation.server: {e} (or pass --insecure-no-token)") from None
     serve(args)
 
 

@@ -32,6 +32,7 @@ import httpx
 
 from asyncrl.config import RunConfig
 from asyncrl.local.processes import ProcessGroup
+from asyncrl.local.resume import LOCAL_CONFIG, ResumeError, prepare_resume
 from asyncrl.local.seaweed import EmbeddedS3
 from asyncrl.models.tiny import resolve_model_path
 from asyncrl.models.tokenizer import load_tokenizer
@@ -40,6 +41,7 @@ from asyncrl.rollout.agentic_eval import evaluate_agentic
 from asyncrl.rollout.evaluation import evaluate
 from asyncrl.tasks.arithmetic import load_split
 from asyncrl.tracking.mlflow_tracker import Tracker, embedded_tracking_uri, flatten_params
+from asyncrl.transport.auth import TOKEN_ENV, auth_headers, new_token
 from asyncrl.transport.run_layout import RunPaths, run_url
 from asyncrl.transport.s3 import S3Store
 from asyncrl.transport.weight_buckets import checksums_match
@@ -90,7 +92,7 @@ def _print(msg: str) -> None:
 
 
 class EmbeddedRun:
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig, resume: bool = False) -> None:
         if not cfg.run_id:
             cfg = cfg.model_copy(update={"run_id": new_run_id(cfg)})
         self.cfg = cfg
@@ -99,12 +101,15 @@ class EmbeddedRun:
         self.url = run_url(cfg.storage.bucket, cfg.storage.prefix, cfg.run_id)
         self.procs: ProcessGroup | None = None
         self.tracker: Tracker | None = None
+        self.role_token = new_token()  # this run's bearer token: in the roles' env only, never in config or logs
+        self.resume = resume
 
     # ---- setup ---------------------------------------------------------------------------------------
     def child_env(self, s3: EmbeddedS3 | ExternalS3) -> dict[str, str]:
         """The roles' environment: this process's, without torch.distributed launcher variables (each embedded role
         forms its own groups and picks free ports; an inherited MASTER_PORT would make the trainer bind a port that
-        is taken), plus the S3 endpoint and credentials and the caches."""
+        is taken), plus the S3 endpoint and credentials, the run's role token (`ASYNCRL_ROLE_TOKEN`) and the
+        caches."""
         cache = Path(self.cfg.cache_dir).resolve()
         inherited = {k: v for k, v in os.environ.items() if k not in DIST_LAUNCHER_VARS}
         env = {**inherited, **s3.env(), "AWS_ENDPOINT_URL": s3.endpoint_url,
@@ -112,7 +117,8 @@ class EmbeddedRun:
                "VLLM_CACHE_ROOT": str(self.run_dir / "vllm-cache"),
                "VLLM_RPC_BASE_PATH": str(self.rpc_dir()),
                "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(cache / "torch_extensions")),
-               "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+               "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+               TOKEN_ENV: self.role_token}
         self.rpc_dir().mkdir(parents=True, exist_ok=True)
         return env
 
@@ -126,8 +132,12 @@ class EmbeddedRun:
         return Path(tempfile.gettempdir()) / f"asyncrl-rpc-{digest}"
 
     def write_run_documents(self, store: S3Store) -> None:
+        if self.resume:
+            self.reopen_run(store)
+            return
         store.ensure_bucket()
         store.put_json(self.paths.config(), self.cfg.model_dump(mode="json"), if_absent=True)
+        (self.run_dir / LOCAL_CONFIG).write_text(self.cfg.model_dump_json(indent=2) + "\n")  # for --resume
         # one local store for every run under runs_dir, so runs can be compared side by side in the MLflow UI
         tracking_uri = self.cfg.tracking.tracking_uri or embedded_tracking_uri(self.run_dir.parent)
         self.tracker = Tracker.create(
@@ -136,6 +146,19 @@ class EmbeddedRun:
             tags={"asyncrl.run_url": self.url, "asyncrl.mode": "embedded"},
         )
         store.put_json(self.paths.tracking(), {"tracking_uri": tracking_uri, "mlflow_run_id": self.tracker.run_id})
+
+    def reopen_run(self, store: S3Store) -> None:
+        """--resume: rewind the run to its last committed checkpoint and re-attach its MLflow run."""
+        try:
+            point = prepare_resume(store, self.paths, self.cfg)
+        except ResumeError as err:
+            raise RunFailed(str(err)) from None
+        tracking = store.get_json(self.paths.tracking()) or {}
+        if tracking.get("mlflow_run_id"):
+            self.tracker = Tracker.attach(tracking["tracking_uri"], tracking["mlflow_run_id"])
+            self.tracker.client.update_run(self.tracker.run_id, status="RUNNING")
+            self.tracker.set_tags({"asyncrl.resumed_from": point.version})
+        _print(f"resuming from checkpoint {point.version} ({point.lost_steps} step(s) after it are trained again)")
 
     # ---- monitoring ----------------------------------------------------------------------------------
     def check_children(self) -> None:
@@ -183,20 +206,35 @@ class EmbeddedRun:
     def evaluate(self, gen_docs: list[dict[str, Any]], tokenizer: Any, tag: str) -> dict[str, Any]:
         if self.cfg.env is not None:  # agentic: greedy success rate on the held-out levels
             return asyncio.run(evaluate_agentic([base_url(d) for d in gen_docs], self.cfg, tokenizer,
-                                                timeout_s=self.cfg.timeouts.http_s, tag=tag))
+                                                timeout_s=self.cfg.timeouts.http_s, tag=tag, token=self.role_token))
         problems = load_split(self.cfg.task, "eval")
         return asyncio.run(evaluate([base_url(d) for d in gen_docs], problems, tokenizer, task=self.cfg.task.name,
                                     max_new_tokens=self.cfg.rollout.max_new_tokens,
-                                    timeout_s=self.cfg.timeouts.http_s, tag=tag))
+                                    timeout_s=self.cfg.timeouts.http_s, tag=tag, token=self.role_token))
 
     def server_checksums(self, gen_docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []
-        with httpx.Client(timeout=self.cfg.timeouts.http_s) as client:
+        with httpx.Client(timeout=self.cfg.timeouts.http_s, headers=auth_headers(self.role_token)) as client:
             for d in gen_docs:
                 r = client.get(f"{base_url(d)}/weights/checksum")
                 r.raise_for_status()
                 out.append(r.json())
         return out
+
+    def group_accounting(self, store: S3Store, latest: dict[str, Any]) -> dict[str, int]:
+        """Where every group object went: written to S3 = consumed by the trainer (trained, dropped as stale, or
+        quarantined as unreadable) + left unconsumed at the end; plus the groups the writers had in flight when a crash
+        stopped them."""
+        counters, metrics = latest.get("counters", {}), latest.get("metrics", {})
+        written = sum(1 for k in store.list_keys(self.paths.groups_prefix()) if self.paths.parse_group_key(k))
+        consumed = sum(int(v) for v in latest.get("consumed", {}).values())
+        return {"groups_written": written, "groups_consumed": consumed,
+                "groups_trained": int(counters.get("groups_trained", 0)),
+                "groups_dropped_stale": int(counters.get("groups_dropped_stale", 0)),
+                "groups_quarantined": int(counters.get("quarantined_objects", 0)),
+                "groups_gaps_skipped": int(counters.get("gaps_skipped", 0)),
+                "groups_left_unconsumed": written - consumed,
+                "groups_lost_at_restart": int(metrics.get("rollout/lost_at_restart_groups", 0))}
 
     # ---- the run -------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -248,7 +286,7 @@ class EmbeddedRun:
         gen_docs = self.wait_roles(store, "generation", cfg.generation.num_servers)
         self.wait_roles(store, "reward", 1)
 
-        before = self.evaluate(gen_docs, tokenizer, "eval-before") if cfg.eval_before_after else None
+        before = self.evaluate(gen_docs, tokenizer, "eval-before") if cfg.eval_before_after and not self.resume else None
         if before:
             _print(f"eval before training: {self.eval_metric} {before['accuracy']:.3f} ({before['correct']}/{before['n']})")
         t_train = time.monotonic()
@@ -284,6 +322,7 @@ class EmbeddedRun:
             "samples_per_s": trained / loop_s if loop_s > 0 else 0.0,
             "steady_samples_per_s": counters.get("steady_samples", 0) / max(1e-9, counters.get("steady_wall_s", 0.0)),
             "steady_step_s": counters.get("steady_wall_s", 0.0) / max(1, counters.get("steady_steps", 0)),
+            **self.group_accounting(store, latest),
             "weights_in_sync": in_sync,
             "server_checksums": checksums,
             "num_generation_servers": cfg.generation.num_servers,
@@ -300,8 +339,9 @@ class EmbeddedRun:
         return summary
 
 
-def run_embedded(cfg: RunConfig) -> dict[str, Any]:
-    run = EmbeddedRun(cfg)
+def run_embedded(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:
+    """Run `cfg` on this machine; `resume`: continue the run `cfg.run_id` from its last committed checkpoint."""
+    run = EmbeddedRun(cfg, resume)
     try:
         return run.run()
     except KeyboardInterrupt:

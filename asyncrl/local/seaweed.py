@@ -11,7 +11,9 @@
 - buckets are not created implicitly by a PUT (like AWS S3): call `S3Store.ensure_bucket()`;
 - weed's Unix sockets and temp files go to a private folder under /tmp, removed by stop(), and the
   gRPC sockets it insists on putting in /tmp are removed by stop() too;
-- the server's own log goes to a file (default `<data_dir>/../weed.log`), never to our stdout.
+- the server's own log goes to a file (default `<data_dir>/../weed.log`), never to our stdout;
+- `start(same_ports=True)` after stop()/kill() restarts on the previous ports and the same folder, so
+  clients keep their endpoint URL across the outage (fault tests); by default a start picks new ports.
 
 Gotcha found on weed 4.48: the mini's maintenance worker dials the admin gRPC port as
 `admin.port + 10000`, ignoring `-admin.port.grpc`. Every gRPC port is therefore chosen as its HTTP
@@ -217,9 +219,10 @@ class EmbeddedS3:
         for name, port in self.ports.items():
             _remove_socket(_grpc_socket(name, port))
 
-    def _spawn(self, weed: str) -> None:
+    def _spawn(self, weed: str, same_ports: bool = False) -> None:
         self._remove_grpc_sockets()
-        self.ports = dict(zip(_HTTP_SERVICES, pick_port_pairs(len(_HTTP_SERVICES)), strict=True))
+        if not (same_ports and set(self.ports) == set(_HTTP_SERVICES)):
+            self.ports = dict(zip(_HTTP_SERVICES, pick_port_pairs(len(_HTTP_SERVICES)), strict=True))
         env = {**os.environ, "GOMEMLIMIT": "256MiB", "TMPDIR": str(self._sock_dir)}
         env["AWS_ACCESS_KEY_ID"] = self.access_key
         env["AWS_SECRET_ACCESS_KEY"] = self.secret_key
@@ -277,9 +280,12 @@ class EmbeddedS3:
             return "<no log>"
         return "\n".join(lines[-n:])
 
-    def start(self, timeout_s: float = 60.0) -> str:
+    def start(self, timeout_s: float = 60.0, same_ports: bool = False) -> str:
         """Start the server and wait until a PUT succeeds; return the endpoint URL.
 
+        `same_ports`: reuse the ports of the previous start (if any) instead of picking new ones; the
+        ports are not re-checked, and a port taken meanwhile makes the start fail (no fallback, since
+        the caller wants that exact endpoint).
         Raises TimeoutError (deadline passed) or RuntimeError (the server exited 3 times, e.g. a port
         was taken between picking and binding); in both cases no process is left running.
         """
@@ -295,7 +301,7 @@ class EmbeddedS3:
         deadline = time.monotonic() + timeout_s
         attempts = 0
         try:
-            self._spawn(weed)
+            self._spawn(weed, same_ports=same_ports)
             attempts = 1
             while True:
                 assert self._proc is not None
@@ -305,8 +311,9 @@ class EmbeddedS3:
                             f"weed mini exited with code {self._proc.returncode} {attempts} times; "
                             f"log {self.log_path}:\n{self._log_tail()}"
                         )
-                    log.warning("weed mini exited early (code %s); retrying with new ports", self._proc.returncode)
-                    self._spawn(weed)
+                    log.warning("weed mini exited early (code %s); retrying%s", self._proc.returncode,
+                                " on the same ports" if same_ports else " with new ports")
+                    self._spawn(weed, same_ports=same_ports)
                     attempts += 1
                 if time.monotonic() > deadline:
                     raise TimeoutError(

@@ -89,6 +89,8 @@ class RoleContext:
         if text is None:
             raise SystemExit(f"{role}: {args.run_url}/config.json does not exist: start the run with `asyncrl run`")
         cfg = config_from_json(text.decode(), f"{args.run_url}/config.json")
+        store.close()
+        store = S3Store(endpoint, bucket, timeout_s=30.0, retry_deadline_s=cfg.timeouts.storage_s)
         apply_network_env(cfg, os.environ)
         return cls(role, args.id, args.run_url, store, paths, cfg)
 

@@ -100,15 +100,28 @@ class _Pending:
     samples: dict[int, Sample] = field(default_factory=dict)
 
 
-def scheduler_config(cfg: RunConfig, num_servers: int, writer: str) -> SchedulerConfig:
+def scheduler_config(cfg: RunConfig, num_servers: int, writer: str, incarnation: int = 0) -> SchedulerConfig:
     ro = cfg.rollout
     return SchedulerConfig(
         async_ratio=ro.async_ratio, prompts_per_step=ro.prompts_per_step // ro.num_writers,
         group_size=ro.samples_per_prompt, num_servers=num_servers, extra_samples=ro.extra_samples_per_prompt,
         extra_groups=ro.extra_groups, routing=ro.routing, replicate=ro.replicate_prompts,
         dynamic_filter=ro.dynamic_filter, partial_rollout=ro.partial_rollout, max_new_tokens=ro.max_new_tokens,
-        writer=writer, replace_failed=ro.replace_failed,
+        writer=writer, replace_failed=ro.replace_failed, incarnation=incarnation,
     )
+
+
+def restart_losses(ctx: RoleContext, written_before: int) -> int:
+    """Groups this writer had in flight when it last stopped (admitted, not yet written: their work is lost and
+    counted as `rollout/lost_at_restart_groups`), from its last published stats; 0 on a first start."""
+    if written_before == 0:
+        return 0
+    doc = ctx.store.get_json(ctx.paths.rollout_stats(ctx.role_id)) or {}
+    live = int(doc.get("metrics", {}).get("rollout/live_groups", 0))
+    previous = int(doc.get("metrics", {}).get("rollout/lost_at_restart_groups", 0))
+    log.warning("restarted with %d groups already written; %d groups in flight at the stop are lost", written_before,
+                live)
+    return previous + live
 
 
 class EnvironmentRunner:
@@ -117,12 +130,19 @@ class EnvironmentRunner:
     def __init__(self, ctx: RoleContext, gens: list[GenerationClient], reward: RewardClient) -> None:
         cfg: RunConfig = ctx.cfg
         self.ctx, self.cfg, self.gens, self.reward = ctx, cfg, gens, reward
-        self.sched = RolloutScheduler(scheduler_config(cfg, len(gens), ctx.role_id))
+        self.writer = GroupWriter(ctx.store, ctx.paths, ctx.role_id)
+        # a restarted writer (the run resumed): its groups already in S3 count toward the α bound, new group ids
+        # carry the restart so they never collide with those, and the prompt stream moves on past them
+        before = self.writer.next_seq
+        self.sched = RolloutScheduler(scheduler_config(cfg, len(gens), ctx.role_id, incarnation=before))
+        self.sched.restore_emitted(before)
+        self.lost_at_restart = restart_losses(ctx, before)
         self.problems = load_split(cfg.task, "train")
         self.tokenizer = load_tokenizer(resolve_model_path(cfg))
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.prompts = prompt_stream(len(self.problems), cfg.task.seed + 7919 * instance_index(ctx.role_id))
-        self.writer = GroupWriter(ctx.store, ctx.paths, ctx.role_id)
+        for _ in range(before):
+            next(self.prompts)
         self.pending: dict[str, _Pending] = {}
         self.tasks: set[asyncio.Task] = set()
         self.written = 0
@@ -249,6 +269,7 @@ class EnvironmentRunner:
         s, counts = self.sched.stats, self.sched.counts()
         metrics: dict[str, float] = {
             "rollout/admitted_groups": s.admitted, "rollout/written_groups": self.written,
+            "rollout/lost_at_restart_groups": self.lost_at_restart,
             "rollout/aborted_stale_groups": s.aborted_stale_groups,
             "rollout/aborted_failed_groups": s.aborted_failed_groups,
             "rollout/aborted_redundant_groups": s.aborted_surpassed_groups,

@@ -25,6 +25,7 @@ from asyncrl.roles.context import (
     stop_when_over,
 )
 from asyncrl.roles.liveness import Heartbeat, RunOver
+from asyncrl.transport.auth import MissingTokenError, require_token
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,10 @@ async def serve(ctx: RoleContext, settings: EngineSettings, host: str, advertise
 def main(argv: list[str] | None = None) -> None:
     args = role_arg_parser("generation").parse_args(argv)
     setup_logging(args.log_level, "generation", args.id)
+    try:
+        require_token()  # before the engine starts: the server refuses to run without the run's bearer token
+    except MissingTokenError as err:
+        raise SystemExit(f"generation[{args.id}]: {err}") from None
     ctx = RoleContext.from_args("generation", args)
     g = ctx.cfg.generation
     settings = EngineSettings(

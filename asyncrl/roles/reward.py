@@ -1,6 +1,8 @@
 """The reward role: `POST /score` {task, prompt, response, metadata} → {reward, details} with the task's verifier.
 
-Stateless; any number of instances may run. `GET /health` answers liveness. It beats a heartbeat carrying its
+Stateless; any number of instances may run. `GET /health` answers liveness. Every route needs
+`Authorization: Bearer $ASYNCRL_ROLE_TOKEN` (401 without, 403 wrong) and bodies over `MAX_BODY_BYTES` get 413
+(`asyncrl.transport.auth`); the role exits at once, naming the variable, when the token is not set. It beats a heartbeat carrying its
 counters and exits by itself when the run is done or the trainer failed or is gone (`asyncrl.roles.liveness`).
 Run: `python -m asyncrl.roles.reward --run-url s3://bucket/prefix/run_id --id 0`.
 """
@@ -27,16 +29,20 @@ from asyncrl.roles.context import (
     stop_when_over,
 )
 from asyncrl.roles.liveness import Heartbeat, RunOver
+from asyncrl.transport.auth import MissingTokenError, require_token, secure_app
 from asyncrl.transport.listen import bind_socket
 
 log = logging.getLogger(__name__)
 
+MAX_BODY_BYTES = 8 << 20
+MAX_TEXT_CHARS = 1 << 20  # prompt or response; the body limit bounds the metadata
+
 
 class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    task: str = Field(min_length=1)
-    prompt: str
-    response: str
+    task: str = Field(min_length=1, max_length=128)
+    prompt: str = Field(max_length=MAX_TEXT_CHARS)
+    response: str = Field(max_length=MAX_TEXT_CHARS)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -45,9 +51,12 @@ class ScoreResponse(BaseModel):
     details: dict[str, Any]
 
 
-def create_app(stats: dict[str, int] | None = None) -> FastAPI:
-    """The reward API; `stats` (updated in place: `scored`, `rejected`) is the role's heartbeat figures."""
+def create_app(stats: dict[str, int] | None = None, *, token: str | None,
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """The reward API; `stats` (updated in place: `scored`, `rejected`) is the role's heartbeat figures. Every
+    route requires `token` as a bearer token (None: no check, tests only); bodies are limited to `max_body_bytes`."""
     app = FastAPI(title="asyncrl reward")
+    secure_app(app, token, max_body_bytes)
     stats = stats if stats is not None else {}
     stats.setdefault("scored", 0)
     stats.setdefault("rejected", 0)
@@ -92,7 +101,7 @@ async def serve_app(app: FastAPI, sock: socket.socket, on_ready: Callable[[str, 
 
 
 async def serve(ctx: RoleContext, sock: socket.socket, advertise: str, on_done: str,
-                heartbeat: Heartbeat) -> RunOver | None:
+                heartbeat: Heartbeat, token: str) -> RunOver | None:
     """Serve until SIGTERM/SIGINT or the end of the run; returns why the run ended it (None: stopped)."""
     stop = asyncio.Event()
     stats: dict[str, int] = {}
@@ -111,7 +120,7 @@ async def serve(ctx: RoleContext, sock: socket.socket, advertise: str, on_done: 
 
     tasks = [asyncio.create_task(report()), asyncio.create_task(watch())]
     try:
-        await serve_app(create_app(stats), sock, ready, stop)
+        await serve_app(create_app(stats, token=token), sock, ready, stop)
     finally:
         for t in tasks:
             t.cancel()
@@ -122,10 +131,14 @@ async def serve(ctx: RoleContext, sock: socket.socket, advertise: str, on_done: 
 def main(argv: list[str] | None = None) -> None:
     args = role_arg_parser("reward").parse_args(argv)
     setup_logging(args.log_level, "reward", args.id)
+    try:
+        token = require_token()
+    except MissingTokenError as e:
+        raise SystemExit(f"reward[{args.id}]: {e}") from None
     ctx = RoleContext.from_args("reward", args)
     sock = bind_socket(args.host, 0)
     with ctx.heartbeat() as heartbeat:
-        over = asyncio.run(serve(ctx, sock, advertised(args, ""), args.on_done, heartbeat))
+        over = asyncio.run(serve(ctx, sock, advertised(args, ""), args.on_done, heartbeat, token))
     if over is not None and over.exit_code:
         raise SystemExit(f"reward[{args.id}]: stopping: {over.reason}")
 

@@ -68,6 +68,9 @@ class Counters:
         self.groups_trained = int(d.get("groups_trained", 0))
         self.samples_trained = int(d.get("samples_trained", 0))
         self.groups_dropped_stale = int(d.get("groups_dropped_stale", 0))
+        # objects the reader moved aside or skipped in earlier attempts of the run (a resume starts a new reader)
+        self.quarantined_objects = int(d.get("quarantined_objects", 0))
+        self.gaps_skipped = int(d.get("gaps_skipped", 0))
         self.samples_dropped_stale = int(d.get("samples_dropped_stale", 0))
         self.staleness_sum = float(d.get("staleness_sum", 0.0))
         self.staleness_max = int(d.get("staleness_max", 0))
@@ -110,7 +113,7 @@ class TrainingRunner:
         tracking = ctx.store.get_json(ctx.paths.tracking()) if self.is_leader else None
         if tracking:
             self.tracker = Tracker.attach(tracking["tracking_uri"], tracking["mlflow_run_id"])
-        self.reader = GroupReader(ctx.store, ctx.paths)
+        self.reader = GroupReader(ctx.store, ctx.paths, gap_wait_s=self.cfg.timeouts.group_gap_wait_s)
         self._followers_idle = False  # the followers wait for a command: a "stop" cannot cross another collective
         self.version = 0
         self.counters = Counters()
@@ -241,6 +244,10 @@ class TrainingRunner:
             "staleness/max": stale["staleness_max"],
             "staleness/dropped_groups_total": c.groups_dropped_stale,
             "staleness/dropped_samples_total": c.samples_dropped_stale,
+            "storage/quarantined_objects_total": c.quarantined_objects + len(self.reader.quarantined),
+            "storage/gaps_skipped_total": c.gaps_skipped + len(self.reader.gaps_skipped),
+            "storage/retries_total": self.ctx.store.stats.retries,
+            "storage/gave_up_total": self.ctx.store.stats.gave_up,
             "throughput/samples_per_s": n_samples / (t3 - t0),
             "time/wait_s": t1 - t0,
             "time/train_s": t2 - t1,
@@ -277,17 +284,24 @@ class TrainingRunner:
             "version": self.version,
             "consumed": self.reader.cursors,
             "trained": self.counters.trained_by_writer,
-            "counters": self.counters.as_dict(),
+            "counters": self.run_counters(),
             "checksum": self.checksum,
             "metrics": metrics,
             "time": time.time(),
         }
         self.ctx.store.put_json(self.ctx.paths.versions_latest(), doc)
 
+    def run_counters(self) -> dict[str, Any]:
+        """The run-wide counters, with this attempt's quarantined objects and skipped gaps added."""
+        c = self.counters.as_dict()
+        c["quarantined_objects"] += len(self.reader.quarantined)
+        c["gaps_skipped"] += len(self.reader.gaps_skipped)
+        return c
+
     def checkpoint(self) -> None:
         # optimizer, then model state: the followers' `_checkpoint_collectives` order
         opt_tensors, skeleton = flatten_optimizer_state(self.policy.optimizer_state())
-        meta = {"version": self.version, "cursors": self.reader.cursors, "counters": self.counters.as_dict(),
+        meta = {"version": self.version, "cursors": self.reader.cursors, "counters": self.run_counters(),
                 "optimizer_skeleton": skeleton}
         save_checkpoint(self.ctx.store, self.ctx.paths, self.version, self.policy.model_state(), opt_tensors, meta,
                         extra=self.learner.checkpoint_extra())

@@ -20,8 +20,9 @@ from asyncrl.rollout.multiturn import MultiTurnTrajectory
 
 
 async def evaluate_agentic(server_urls: list[str], cfg: RunConfig, tokenizer: Any, *, timeout_s: float,
-                           concurrency: int = 32, tag: str = "eval") -> dict[str, Any]:
-    """Greedy success rate of the servers' current weights on the held-out levels."""
+                           concurrency: int = 32, tag: str = "eval", token: str | None = None) -> dict[str, Any]:
+    """Greedy success rate of the servers' current weights on the held-out levels. `token`: the servers' bearer
+    token (default: `ASYNCRL_ROLE_TOKEN`)."""
     env = cfg.env
     if env is None:
         raise ValueError("evaluate_agentic: the config has no env section")
@@ -34,7 +35,7 @@ async def evaluate_agentic(server_urls: list[str], cfg: RunConfig, tokenizer: An
     faults: list[str] = []
     try:
         async with httpx.AsyncClient() as client:
-            gens = [GenerationClient(u, client, timeout_s) for u in server_urls]
+            gens = [GenerationClient(u, client, timeout_s, token=token) for u in server_urls]
 
             async def one(seed: int) -> tuple[bool, int, int]:
                 async with sem:

@@ -1,6 +1,8 @@
 """Async HTTP clients for the generation and reward roles, with deadlines on every call.
 
 Token ids travel, never text, between the environment and generation (DESIGN.md "Generation API").
+Every call carries `Authorization: Bearer <token>`, the token defaulting to `ASYNCRL_ROLE_TOKEN`
+(`asyncrl.transport.auth`); a server that refuses it answers 401/403, which becomes `RemoteError`.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
+from asyncrl.transport.auth import auth_headers
 
 
 class RemoteError(RuntimeError):
@@ -24,10 +28,11 @@ class Generated:
     start_version: int
 
 
-async def post_json(client: httpx.AsyncClient, url: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+async def post_json(client: httpx.AsyncClient, url: str, body: dict[str, Any], timeout_s: float,
+                    headers: dict[str, str] | None = None) -> dict[str, Any]:
     """POST `body` as JSON; a transport error, a deadline or a non-200 answer becomes `RemoteError`."""
     try:
-        r = await client.post(url, json=body, timeout=timeout_s)
+        r = await client.post(url, json=body, headers=headers, timeout=timeout_s)
     except httpx.HTTPError as err:
         raise RemoteError(f"POST {url}: {type(err).__name__}: {err}") from err
     if r.status_code != 200:
@@ -36,15 +41,18 @@ async def post_json(client: httpx.AsyncClient, url: str, body: dict[str, Any], t
 
 
 class GenerationClient:
-    """One generation server: `generate`, `abort`, `health`."""
+    """One generation server: `generate`, `abort`, `health`. `token`: the bearer token (default: the
+    environment's `ASYNCRL_ROLE_TOKEN`)."""
 
-    def __init__(self, base_url: str, client: httpx.AsyncClient, timeout_s: float) -> None:
+    def __init__(self, base_url: str, client: httpx.AsyncClient, timeout_s: float, token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self._client = client
         self._timeout = timeout_s
+        self._headers = auth_headers(token)
 
     async def _post(self, path: str, body: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
-        return await post_json(self._client, f"{self.base_url}{path}", body, timeout_s or self._timeout)
+        return await post_json(self._client, f"{self.base_url}{path}", body, timeout_s or self._timeout,
+                               self._headers)
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], *, max_tokens: int, temperature: float,
                        top_p: float, seed: int | None, stop_token_ids: list[int],
@@ -68,7 +76,7 @@ class GenerationClient:
 
     async def health(self) -> dict[str, Any]:
         try:
-            r = await self._client.get(f"{self.base_url}/health", timeout=self._timeout)
+            r = await self._client.get(f"{self.base_url}/health", headers=self._headers, timeout=self._timeout)
             r.raise_for_status()
         except httpx.HTTPError as err:
             raise RemoteError(f"GET {self.base_url}/health: {err}") from err
@@ -76,12 +84,15 @@ class GenerationClient:
 
 
 class RewardClient:
-    def __init__(self, base_url: str, client: httpx.AsyncClient, timeout_s: float) -> None:
+    """The reward role's `/score`. `token`: the bearer token (default: the environment's `ASYNCRL_ROLE_TOKEN`)."""
+
+    def __init__(self, base_url: str, client: httpx.AsyncClient, timeout_s: float, token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self._client = client
         self._timeout = timeout_s
+        self._headers = auth_headers(token)
 
     async def score(self, task: str, prompt: str, response: str, metadata: dict[str, Any]) -> tuple[float, dict]:
         out = await post_json(self._client, f"{self.base_url}/score", {
-            "task": task, "prompt": prompt, "response": response, "metadata": metadata}, self._timeout)
+            "task": task, "prompt": prompt, "response": response, "metadata": metadata}, self._timeout, self._headers)
         return float(out["reward"]), dict(out.get("details", {}))

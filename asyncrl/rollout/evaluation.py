@@ -18,14 +18,16 @@ from asyncrl.tasks.arithmetic import Problem
 
 
 async def evaluate(server_urls: list[str], problems: list[Problem], tokenizer: Any, *, task: str,
-                   max_new_tokens: int, timeout_s: float, concurrency: int = 64, tag: str = "eval") -> dict[str, Any]:
-    """Greedy accuracy of the servers' current weights on `problems`; requests are spread round-robin."""
+                   max_new_tokens: int, timeout_s: float, concurrency: int = 64, tag: str = "eval",
+                   token: str | None = None) -> dict[str, Any]:
+    """Greedy accuracy of the servers' current weights on `problems`; requests are spread round-robin.
+    `token`: the servers' bearer token (default: `ASYNCRL_ROLE_TOKEN`)."""
     if not server_urls:
         raise ValueError("evaluate: no generation servers")
     sem = asyncio.Semaphore(concurrency)
     eos = int(tokenizer.eos_token_id)
     async with httpx.AsyncClient() as client:
-        gens = [GenerationClient(u, client, timeout_s) for u in server_urls]
+        gens = [GenerationClient(u, client, timeout_s, token=token) for u in server_urls]
 
         async def one(i: int, p: Problem) -> tuple[float, int]:
             async with sem:

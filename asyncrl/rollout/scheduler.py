@@ -124,6 +124,7 @@ class SchedulerConfig:
     max_new_tokens: int = 256
     writer: str = "env0"
     replace_failed: int = 0
+    incarnation: int = 0  # > 0 after a restart: the groups this writer had written before it; names new group ids
 
     def __post_init__(self) -> None:
         if self.async_ratio < 0:
@@ -131,7 +132,7 @@ class SchedulerConfig:
         for name in ("prompts_per_step", "group_size", "num_servers", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
-        for name in ("extra_samples", "extra_groups", "replace_failed"):
+        for name in ("extra_samples", "extra_groups", "replace_failed", "incarnation"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)}")
 
@@ -199,6 +200,13 @@ class RolloutScheduler:
         return {"live_groups": self.live_groups, "running_samples": running, "awaiting_samples": awaiting,
                 "running_requests": self.running_requests, "emitted_unconsumed": self.emitted_unconsumed}
 
+    def restore_emitted(self, groups: int) -> None:
+        """A restarted writer: `groups` groups it emitted before (they are in S3, trained or waiting to be) count as
+        admitted and emitted, so the α bound covers them. Call once, before the first admission."""
+        if groups < 0 or self.stats.admitted or self._groups:
+            raise ValueError(f"restore_emitted: expected a fresh scheduler and groups >= 0, got {groups}")
+        self.stats.admitted = self.stats.emitted = groups
+
     def check_invariants(self) -> None:
         """Raise AssertionError if the bookkeeping does not add up (see the module docstring)."""
         s, c = self.stats, self.counts()
@@ -224,7 +232,8 @@ class RolloutScheduler:
         if not self.can_admit():
             raise RuntimeError("admission closed: check can_admit() before offering a prompt")
         c = self.cfg
-        group = _Group(f"{c.writer}-{self.stats.admitted:09d}", prompt_index, self.version, prompt_tokens)
+        name = f"{c.writer}-r{c.incarnation}" if c.incarnation else c.writer
+        group = _Group(f"{name}-{self.stats.admitted:09d}", prompt_index, self.version, prompt_tokens)
         self._groups[group.group_id] = group
         self.stats.admitted += 1
         decisions: list[Decision] = []

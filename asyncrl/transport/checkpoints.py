@@ -149,6 +149,15 @@ def load_checkpoint_tensors(store: S3Store, paths: RunPaths, version: int, name:
     return st_load(_read_verified(store, paths, version, f"{name}.safetensors", manifest))
 
 
+def load_checkpoint_meta(store: S3Store, paths: RunPaths, version: int) -> dict[str, Any]:
+    """The meta document (cursors, counters, ...) of a committed version, verified, without the tensors."""
+    manifest = _committed_manifest(store, paths, version)
+    try:
+        return json.loads(_read_verified(store, paths, version, META_FILE, manifest))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"checkpoint {version}: {META_FILE} is not JSON: {e}") from e
+
+
 def load_checkpoint(
     store: S3Store, paths: RunPaths, version: int
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:

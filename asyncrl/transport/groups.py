@@ -8,19 +8,27 @@ Streams: writer `w` writes `groups/<w>/<seq:012d>.parquet` with seq 0, 1, 2, ...
 once with a conditional PUT and never rewritten. A reader keeps one cursor per writer (the next seq
 to read) and GETs exactly that key: no reliance on listing order, and cursors are small JSON that a
 checkpoint can store and `restore()`.
+
+Faults: an object that does not decode (truncated, not Parquet, wrong schema, invalid group) is copied
+to `quarantine/groups/<w>/<seq>.parquet`, logged, recorded in `reader.quarantined` and skipped (the
+original stays; the cursor, the single source of truth, moves past it). A missing object while a later
+seq of the same writer exists (a gap) is waited for `gap_wait_s`, then skipped with an error log and a
+record in `reader.gaps_skipped`: never silently.
 """
 
 from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from asyncrl.transport.run_layout import RunPaths, check_id
-from asyncrl.transport.s3 import ObjectExists, S3Store
+from asyncrl.transport.s3 import ObjectExists, S3Store, StorageError
 from asyncrl.types import Group, Sample
 
 log = logging.getLogger(__name__)
@@ -158,7 +166,7 @@ class GroupWriter:
 
     Never overwrites: every PUT is conditional. On first use it resumes after the highest seq already
     in S3 (a restarted writer continues its stream); a lost race (ObjectExists) advances and retries,
-    except when the object there holds exactly our bytes (our own PUT, retried by botocore).
+    except when the object there holds exactly our bytes (our own earlier PUT).
     """
 
     def __init__(self, store: S3Store, paths: RunPaths, writer_id: str) -> None:
@@ -207,17 +215,56 @@ class GroupWriter:
         raise RuntimeError(f"writer {self.writer_id}: {_MAX_WRITE_ATTEMPTS} consecutive sequence numbers taken")
 
 
+@dataclass(frozen=True)
+class QuarantineRecord:
+    """One group object moved aside: its stream position, both keys and why it did not decode."""
+
+    writer: str
+    seq: int
+    key: str
+    quarantine_key: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class GapRecord:
+    """Seqs [first_missing, resumed_at) of `writer` were skipped after waiting `waited_s` for them."""
+
+    writer: str
+    first_missing: int
+    resumed_at: int
+    waited_s: float
+
+
 class GroupReader:
     """Reads every writer's stream in sequence order, by exact key, round-robin across writers.
 
-    Invariant: `cursors[w]` is the next seq of writer w not yet returned; a group is returned once.
+    Invariants: `cursors[w]` is the next seq of writer w not yet returned, quarantined or skipped;
+    a group is returned once; every object the cursor moves past without returning it is in
+    `quarantined` or `gaps_skipped` (and logged). Gap checks (one listing of at most one key) run at
+    most every `gap_check_interval_s` per writer, and only when that writer's cursor object is missing.
     """
 
-    def __init__(self, store: S3Store, paths: RunPaths, writers: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        store: S3Store,
+        paths: RunPaths,
+        writers: Iterable[str] = (),
+        gap_wait_s: float = 60.0,
+        gap_check_interval_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.store = store
         self.paths = paths
         self._cursors: dict[str, int] = {check_id("writer", w): 0 for w in writers}
         self._turn = 0
+        self.gap_wait_s = gap_wait_s
+        self.gap_check_interval_s = gap_check_interval_s
+        self._clock = clock
+        self.quarantined: list[QuarantineRecord] = []
+        self.gaps_skipped: list[GapRecord] = []
+        self._gap_seen: dict[str, tuple[int, float]] = {}  # writer -> (missing seq, first seen)
+        self._last_gap_check: dict[str, float] = {}
 
     @property
     def cursors(self) -> dict[str, int]:
@@ -231,6 +278,7 @@ class GroupReader:
             if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
                 raise ValueError(f"cursors[{w!r}]: expected a non-negative integer, got {seq!r}")
             self._cursors[w] = seq
+            self._gap_seen.pop(w, None)
 
     def discover_writers(self) -> list[str]:
         """Add every writer that has a folder under groups/ (cursor 0 for new ones); return all writers."""
@@ -245,12 +293,60 @@ class GroupReader:
             self._cursors.setdefault(name, 0)
         return sorted(self._cursors)
 
+    def _quarantine(self, writer: str, seq: int, key: str, data: bytes, reason: str) -> None:
+        qkey = self.paths.quarantine_group(writer, seq)
+        try:
+            self.store.put_bytes(qkey, data, if_absent=True)
+        except ObjectExists:
+            log.info("quarantine copy %s already exists (object quarantined before a restart)", qkey)
+        self.quarantined.append(QuarantineRecord(writer, seq, key, qkey, reason))
+        log.warning("quarantined undecodable group object %s (copy at %s; skipped): %s", key, qkey, reason)
+
+    def _next_existing(self, writer: str, seq: int) -> int | None:
+        """The lowest seq > `seq` of `writer` that has an object, or None."""
+        later = self.store.first_key_after(self.paths.groups_prefix(writer), self.paths.group(writer, seq))
+        parsed = self.paths.parse_group_key(later) if later is not None else None
+        return parsed[1] if parsed is not None and parsed[0] == writer and parsed[1] > seq else None
+
+    def _after_miss(self, writer: str, seq: int) -> int | None:
+        """Called when `group(writer, seq)` is missing: the seq to skip to once a gap has waited
+        `gap_wait_s` (recorded and logged), else None (keep waiting, as for a stream's end)."""
+        now = self._clock()
+        seen = self._gap_seen.get(writer)
+        if seen is not None and seen[0] != seq:
+            seen = None
+        if seen is None:
+            if now - self._last_gap_check.get(writer, float("-inf")) < self.gap_check_interval_s:
+                return None
+            self._last_gap_check[writer] = now
+            later = self._next_existing(writer, seq)
+            if later is None:
+                return None
+            self._gap_seen[writer] = (seq, now)
+            log.warning("gap in writer %s: %s is missing while seq %d exists; waiting up to %.0fs for it",
+                        writer, self.paths.group(writer, seq), later, self.gap_wait_s)
+            return None
+        if now - seen[1] < self.gap_wait_s:
+            return None
+        later = self._next_existing(writer, seq)
+        if later is None:  # the later objects vanished too: this is the stream's end again
+            del self._gap_seen[writer]
+            return None
+        del self._gap_seen[writer]
+        self.gaps_skipped.append(GapRecord(writer, seq, later, now - seen[1]))
+        log.error("writer %s: seqs %d..%d never appeared within %.0fs; skipping them (groups lost)",
+                  writer, seq, later - 1, now - seen[1])
+        return later
+
     def poll(self, max_groups: int | None = None, discover: bool = True) -> list[tuple[str, int, Group]]:
         """Read the groups available now: (writer, seq, group) in round-robin order across writers.
 
         For each writer it GETs `groups/<w>/<cursor>.parquet` until one is missing (one miss per writer
-        per poll). A group object that does not decode raises ValueError naming its key; the cursor
-        stays on it. Several groups in one object are returned with the same (writer, seq).
+        per poll). An object that does not decode is quarantined and skipped, never raised; a gap is
+        waited for, then skipped (see the module docstring). Several groups in one object are returned
+        with the same (writer, seq). A StorageError (the store unreachable past its deadline) ends the
+        poll: the groups already read are returned (their cursors moved), else the error propagates;
+        either way no cursor moves past a group that is not returned.
         """
         if max_groups is not None and max_groups < 1:
             raise ValueError(f"max_groups: expected >= 1 or None, got {max_groups}")
@@ -259,8 +355,18 @@ class GroupReader:
         writers = sorted(self._cursors)
         if not writers:
             return []
-        active = set(writers)
         out: list[tuple[str, int, Group]] = []
+        try:
+            self._poll_into(out, writers, max_groups)
+        except StorageError:
+            if not out:
+                raise
+            # the groups already read have moved their cursors: hand them over, the error will recur
+            log.warning("store error after %d group(s) of this poll; returning those first", len(out), exc_info=True)
+        return out
+
+    def _poll_into(self, out: list[tuple[str, int, Group]], writers: list[str], max_groups: int | None) -> None:
+        active = set(writers)
         while active and (max_groups is None or len(out) < max_groups):
             for i in range(len(writers)):
                 w = writers[(self._turn + i) % len(writers)]
@@ -270,10 +376,20 @@ class GroupReader:
                 key = self.paths.group(w, seq)
                 data = self.store.get_bytes(key)
                 if data is None:
-                    active.discard(w)
+                    skip_to = self._after_miss(w, seq)
+                    if skip_to is None:
+                        active.discard(w)
+                    else:
+                        self._cursors[w] = skip_to
                     continue
-                out.extend((w, seq, g) for g in decode_groups(data, key))
+                self._gap_seen.pop(w, None)
+                try:
+                    groups = decode_groups(data, key)
+                except ValueError as e:
+                    self._quarantine(w, seq, key, data, str(e))
+                    self._cursors[w] = seq + 1
+                    continue
+                out.extend((w, seq, g) for g in groups)
                 self._cursors[w] = seq + 1
                 self._turn = (writers.index(w) + 1) % len(writers)
                 break
-        return out

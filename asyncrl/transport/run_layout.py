@@ -5,6 +5,7 @@ Under `<prefix>/<run_id>/` (prefix may be empty):
     tracking.json                             MLflow tracking URI and run id
     rendezvous/<role>/<id>.json
     groups/<writer>/<seq:012d>.parquet        written once, never rewritten
+    quarantine/groups/<writer>/<seq:012d>.parquet   copy of a group object that did not decode
     versions/latest.json
     stats/<writer>.json                       latest rollout metrics of an environment writer
     heartbeats/<role>/<id>.json               a role's liveness (seq, state) and its own metrics
@@ -104,6 +105,14 @@ class RunPaths:
             return None
         m = re.fullmatch(rf"(\d{{{SEQ_DIGITS}}})\.parquet", rest[1])
         return (rest[0], int(m.group(1))) if m else None
+
+    def quarantine_prefix(self) -> str:
+        """`<root>/quarantine/`: copies of objects moved aside because they could not be decoded."""
+        return self.file("quarantine/")
+
+    def quarantine_group(self, writer: str, seq: int) -> str:
+        """Where the copy of the undecodable group object `group(writer, seq)` is kept."""
+        return f"{self.quarantine_prefix()}groups/{check_id('writer', writer)}/{_check_int('seq', seq):0{SEQ_DIGITS}d}.parquet"
 
     def versions_latest(self) -> str:
         return self.file("versions/latest.json")

@@ -1,11 +1,17 @@
 """`S3Store`: the one object-store client every role uses, over boto3, for one bucket.
 
 Invariants:
-- every call has a deadline (botocore connect/read timeouts) and a bounded number of retries;
+- every call retries transient failures (connection errors, timeouts, throttling, HTTP 5xx) with
+  exponential backoff and full jitter until a per-call deadline (`retry_deadline_s`, default 120 s),
+  by our policy alone (`asyncrl.transport.retry`; botocore's own retries are off); each attempt has
+  botocore connect/read timeouts; retries and give-ups are counted in `store.stats`;
 - path-style addressing (works with SeaweedFS, MinIO and AWS alike);
 - credentials come from the environment / the default boto3 chain, never from arguments or logs;
-- every botocore failure surfaces as `StorageError` naming the bucket and key; a conditional write
+- every failure surfaces as `StorageError` naming the operation, bucket and key; a conditional write
   that loses (HTTP 412) surfaces as `ObjectExists`, and the existing object is left untouched;
+- a conditional write retried after a lost response (the first attempt may have succeeded on the
+  server) that then meets 412 reads the object back: our exact bytes mean success, anything else
+  `ObjectExists`; a 412 on the first attempt is `ObjectExists` at once;
 - `list_keys` follows continuation tokens to the end and returns keys sorted: SeaweedFS lists keys
   containing characters that sort before '/' out of S3 (byte) order, so listing order is not used.
 """
@@ -14,36 +20,50 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from asyncrl.transport.retry import (
+    RetryPolicy,
+    StorageError,
+    StoreStats,
+    call_with_retry,
+)
+from asyncrl.transport.retry import error_code as _code
+from asyncrl.transport.retry import error_status as _status
+
 log = logging.getLogger(__name__)
 
+__all__ = ["FaultHook", "ObjectExists", "S3Store", "StorageError", "StoreStats"]
+
+T = TypeVar("T")
 _MISSING_CODES = {"404", "NoSuchKey", "NotFound"}
 _EXISTS_CODES = {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}
 
-
-class StorageError(RuntimeError):
-    """An object-store call failed; the message names the bucket and key."""
+FaultHook = Callable[[str, str, int, Literal["before", "after"]], None]
+"""Test seam: `hook(op, where, attempt, phase)` (where = "s3://bucket/key") runs before and after each
+attempt's request, inside the retry loop; raising a transient error "before" simulates a request that
+never arrived, "after" one whose response was lost."""
 
 
 class ObjectExists(StorageError):
     """A write with if_absent=True found the key already there (HTTP 412); nothing was overwritten."""
 
 
-def _code(err: ClientError) -> str:
-    return str(err.response.get("Error", {}).get("Code", ""))
-
-
-def _status(err: ClientError) -> int:
-    return int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+def _precondition_failed(err: ClientError) -> bool:
+    return _status(err) == 412 or _code(err) == "PreconditionFailed"
 
 
 class S3Store:
-    """Objects of one bucket. Thread-safe for concurrent calls (boto3 clients are)."""
+    """Objects of one bucket. Thread-safe for concurrent calls (boto3 clients are; `stats` is locked).
+
+    `max_attempts` (None: unlimited) caps the attempts of one call in addition to `retry_deadline_s`;
+    `max_attempts=1` means no retry at all (fail fast, e.g. for probes).
+    """
 
     def __init__(
         self,
@@ -51,15 +71,24 @@ class S3Store:
         bucket: str,
         region: str = "us-east-1",
         timeout_s: float = 30.0,
-        max_attempts: int = 4,
+        max_attempts: int | None = None,
+        retry_deadline_s: float = 120.0,
+        retry_base_s: float = 0.2,
+        retry_cap_s: float = 5.0,
+        fault_hook: FaultHook | None = None,
     ) -> None:
         self.endpoint_url = endpoint_url
         self.bucket = bucket
         self.timeout_s = timeout_s
+        self.policy = RetryPolicy(deadline_s=retry_deadline_s, base_s=retry_base_s, cap_s=retry_cap_s,
+                                  max_attempts=max_attempts)
+        self.stats = StoreStats()
+        self.fault_hook = fault_hook
         config = Config(
             connect_timeout=min(timeout_s, 10.0),
             read_timeout=timeout_s,
-            retries={"max_attempts": max_attempts, "mode": "standard"},
+            # one attempt per botocore call: the retry policy (and its deadline) is ours alone
+            retries={"max_attempts": 1, "mode": "standard"},
             s3={"addressing_style": "path"},
             # Only send/verify checksums when the operation requires them (S3-compatible servers vary).
             request_checksum_calculation="when_required",
@@ -76,60 +105,101 @@ class S3Store:
     def _where(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"
 
+    def _run(self, op: str, where: str, fn: Callable[[int], T]) -> T:
+        """`fn(attempt)` under the retry policy; leftover botocore errors become StorageError naming `where`."""
+        hook = self.fault_hook
+
+        def attempt(n: int) -> T:
+            if hook is not None:
+                hook(op, where, n, "before")
+            out = fn(n)
+            if hook is not None:
+                hook(op, where, n, "after")
+            return out
+
+        try:
+            return call_with_retry(attempt, op=op, where=where, policy=self.policy, stats=self.stats)
+        except ClientError as e:
+            raise StorageError(f"{op} {where}: {e}") from e
+        except BotoCoreError as e:
+            raise StorageError(f"{op} {where} at {self.endpoint_url}: {e}") from e
+
     def ensure_bucket(self) -> None:
         """Create the bucket if it does not exist (idempotent)."""
-        try:
-            self._client.head_bucket(Bucket=self.bucket)
+        where = f"s3://{self.bucket}"
+
+        def head(_: int) -> bool:
+            try:
+                self._client.head_bucket(Bucket=self.bucket)
+                return True
+            except ClientError as e:
+                if _code(e) in _MISSING_CODES or _status(e) == 404:
+                    return False
+                raise
+
+        if self._run("head bucket", where, head):
             return
-        except ClientError as e:
-            if _code(e) not in _MISSING_CODES and _status(e) != 404:
-                raise StorageError(f"head bucket s3://{self.bucket}: {e}") from e
-        except BotoCoreError as e:
-            raise StorageError(f"head bucket s3://{self.bucket} at {self.endpoint_url}: {e}") from e
-        try:
-            self._client.create_bucket(Bucket=self.bucket)
-        except ClientError as e:
-            if _code(e) not in _EXISTS_CODES:
-                raise StorageError(f"create bucket s3://{self.bucket}: {e}") from e
-        except BotoCoreError as e:
-            raise StorageError(f"create bucket s3://{self.bucket} at {self.endpoint_url}: {e}") from e
+
+        def create(_: int) -> None:
+            try:
+                self._client.create_bucket(Bucket=self.bucket)
+            except ClientError as e:
+                if _code(e) not in _EXISTS_CODES:  # also covers a create retried after a lost response
+                    raise
+
+        self._run("create bucket", where, create)
 
     def put_bytes(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
         """Write `data` at `key`. With if_absent, write only if no object is there (else ObjectExists)."""
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "Body": data}
         if if_absent:
             kwargs["IfNoneMatch"] = "*"
-        try:
-            self._client.put_object(**kwargs)
-        except ClientError as e:
-            if if_absent and (_status(e) == 412 or _code(e) == "PreconditionFailed"):
-                raise ObjectExists(f"{self._where(key)} already exists") from e
-            raise StorageError(f"put {self._where(key)}: {e}") from e
-        except BotoCoreError as e:
-            raise StorageError(f"put {self._where(key)}: {e}") from e
+        where = self._where(key)
+
+        def put(n: int) -> bool:
+            """True: written; False: 412 on a retry, so our own lost write may be what is there."""
+            try:
+                self._client.put_object(**kwargs)
+                return True
+            except ClientError as e:
+                if if_absent and _precondition_failed(e):
+                    if n == 1:
+                        raise ObjectExists(f"{where} already exists") from e
+                    return False
+                raise
+
+        if self._run("put", where, put):
+            return
+        if self.get_bytes(key) == data:
+            log.info("%s: conditional put retried after a lost response; the object holds our bytes", where)
+            return
+        raise ObjectExists(f"{where} already exists (with other bytes; found on a retried conditional put)")
 
     def get_bytes(self, key: str) -> bytes | None:
         """The object's bytes, or None when there is no object at `key`."""
-        try:
-            resp = self._client.get_object(Bucket=self.bucket, Key=key)
-            return resp["Body"].read()
-        except ClientError as e:
-            if _code(e) in _MISSING_CODES or _status(e) == 404:
-                return None
-            raise StorageError(f"get {self._where(key)}: {e}") from e
-        except BotoCoreError as e:
-            raise StorageError(f"get {self._where(key)}: {e}") from e
+
+        def get(_: int) -> bytes | None:
+            try:
+                resp = self._client.get_object(Bucket=self.bucket, Key=key)
+            except ClientError as e:
+                if _code(e) in _MISSING_CODES or _status(e) == 404:
+                    return None
+                raise
+            return resp["Body"].read()  # a body cut short raises IncompleteReadError: retried
+
+        return self._run("get", self._where(key), get)
 
     def exists(self, key: str) -> bool:
-        try:
-            self._client.head_object(Bucket=self.bucket, Key=key)
-            return True
-        except ClientError as e:
-            if _code(e) in _MISSING_CODES or _status(e) == 404:
-                return False
-            raise StorageError(f"head {self._where(key)}: {e}") from e
-        except BotoCoreError as e:
-            raise StorageError(f"head {self._where(key)}: {e}") from e
+        def head(_: int) -> bool:
+            try:
+                self._client.head_object(Bucket=self.bucket, Key=key)
+                return True
+            except ClientError as e:
+                if _code(e) in _MISSING_CODES or _status(e) == 404:
+                    return False
+                raise
+
+        return self._run("head", self._where(key), head)
 
     def put_json(self, key: str, obj: Any, *, if_absent: bool = False) -> None:
         """Write `obj` as UTF-8 JSON (sorted keys, so equal documents have equal bytes)."""
@@ -149,29 +219,45 @@ class S3Store:
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"{self._where(key)}: expected a UTF-8 JSON document, got {len(data)} bytes: {e}") from e
 
+    def _list_page(self, where: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        def page(_: int) -> dict[str, Any]:
+            try:
+                return self._client.list_objects_v2(**kwargs)
+            except ClientError as e:
+                if _code(e) == "NoSuchBucket":
+                    raise StorageError(f"list {where}: bucket {self.bucket} does not exist") from e
+                raise
+
+        return self._run("list", where, page)
+
     def list_keys(self, prefix: str, page_size: int = 1000) -> list[str]:
         """Every key under `prefix`, sorted; follows continuation tokens until the listing ends."""
         keys: list[str] = []
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": page_size}
         seen_tokens: set[str] = set()
+        where = f"{self._where(prefix)}*"
         while True:
-            try:
-                resp = self._client.list_objects_v2(**kwargs)
-            except ClientError as e:
-                if _code(e) == "NoSuchBucket":
-                    raise StorageError(f"list {self._where(prefix)}*: bucket {self.bucket} does not exist") from e
-                raise StorageError(f"list {self._where(prefix)}*: {e}") from e
-            except BotoCoreError as e:
-                raise StorageError(f"list {self._where(prefix)}*: {e}") from e
+            resp = self._list_page(where, kwargs)
             keys.extend(obj["Key"] for obj in resp.get("Contents", []))
             token = resp.get("NextContinuationToken")
             if not resp.get("IsTruncated") or not token:
                 break
             if token in seen_tokens:  # a server bug must not become an endless loop
-                raise StorageError(f"list {self._where(prefix)}*: continuation token repeated ({token!r})")
+                raise StorageError(f"list {where}: continuation token repeated ({token!r})")
             seen_tokens.add(token)
             kwargs["ContinuationToken"] = token
         return sorted(set(keys))
+
+    def first_key_after(self, prefix: str, start_after: str) -> str | None:
+        """The first key under `prefix` that sorts after `start_after` (one cheap listing), or None.
+
+        Relies on the server's listing order, so use it only under prefixes whose keys are uniform
+        (e.g. one writer's zero-padded `<seq>.parquet` keys), not across '/'-sensitive names.
+        """
+        kwargs = {"Bucket": self.bucket, "Prefix": prefix, "StartAfter": start_after, "MaxKeys": 1}
+        resp = self._list_page(f"{self._where(prefix)}* after {start_after}", kwargs)
+        keys = sorted(obj["Key"] for obj in resp.get("Contents", []) if obj["Key"] > start_after)
+        return keys[0] if keys else None
 
     def list_subprefixes(self, prefix: str) -> list[str]:
         """The "folders" directly under `prefix` (full prefixes ending in '/'), sorted; one listing
@@ -179,11 +265,9 @@ class S3Store:
         found: set[str] = set()
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/", "MaxKeys": 1000}
         seen_tokens: set[str] = set()
+        where = f"{self._where(prefix)}*/"
         while True:
-            try:
-                resp = self._client.list_objects_v2(**kwargs)
-            except (ClientError, BotoCoreError) as e:
-                raise StorageError(f"list {self._where(prefix)}*/: {e}") from e
+            resp = self._list_page(where, kwargs)
             found.update(p["Prefix"] for p in resp.get("CommonPrefixes", []))
             token = resp.get("NextContinuationToken")
             if not resp.get("IsTruncated") or not token or token in seen_tokens:
@@ -194,14 +278,15 @@ class S3Store:
 
     def delete(self, key: str) -> None:
         """Delete `key` (no error if it is already gone)."""
-        try:
-            self._client.delete_object(Bucket=self.bucket, Key=key)
-        except ClientError as e:
-            if _code(e) in _MISSING_CODES:
-                return
-            raise StorageError(f"delete {self._where(key)}: {e}") from e
-        except BotoCoreError as e:
-            raise StorageError(f"delete {self._where(key)}: {e}") from e
+
+        def delete(_: int) -> None:
+            try:
+                self._client.delete_object(Bucket=self.bucket, Key=key)
+            except ClientError as e:
+                if _code(e) not in _MISSING_CODES:
+                    raise
+
+        self._run("delete", self._where(key), delete)
 
     def close(self) -> None:
         self._client.close()

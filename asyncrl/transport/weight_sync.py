@@ -28,6 +28,7 @@ import httpx
 import torch
 import torch.distributed as dist
 
+from asyncrl.transport.auth import auth_headers
 from asyncrl.transport.weight_buckets import (
     MAX_MANIFEST_BYTES,
     Manifest,
@@ -192,7 +193,8 @@ class _Concurrent:
 
 
 def _post(url: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    r = httpx.post(url, json=body, timeout=timeout_s)
+    """POST to a generation server with the run's bearer token (`ASYNCRL_ROLE_TOKEN`, when set)."""
+    r = httpx.post(url, json=body, headers=auth_headers(), timeout=timeout_s)
     if r.status_code != 200:
         raise WeightSyncError(f"POST {url} -> HTTP {r.status_code}: {r.text[:500]}")
     return dict(r.json())

@@ -4,6 +4,8 @@
 on 2 cores; both start at once on first use and are killed, with their vLLM children, at interpreter exit)
 over the same tiny random Qwen2 weights. The first model has no EOS; the second's generation_config.json
 names `EOS_TOKEN` as EOS (vLLM, run without a tokenizer, takes the EOS from there).
+The shared servers run with `--insecure-no-token` (loopback only; the tests call them without a bearer token);
+`start_server(..., token=...)` starts one that requires the token (given through ASYNCRL_ROLE_TOKEN, never argv).
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ class ServerProcess:
     proc: subprocess.Popen[bytes]
     url: str
     log_path: Path
+    token: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The Authorization header this server needs ({} for an insecure one)."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def stop(self, timeout_s: float = 40.0) -> None:
         if self.proc.poll() is None:
@@ -59,9 +67,11 @@ class _Launched:
     proc: subprocess.Popen[bytes]
     ready: Path
     log_path: Path
+    token: str | None = None
 
 
-def _launch(model_dir: Path, work_dir: Path, max_model_len: int) -> _Launched:
+def _launch(model_dir: Path, work_dir: Path, max_model_len: int, token: str | None = None) -> _Launched:
+    """Start a server; `token` None: `--insecure-no-token`, else the token goes in ASYNCRL_ROLE_TOKEN."""
     work_dir.mkdir(parents=True, exist_ok=True)
     ready = work_dir / "ready.json"
     log_path = work_dir / "server.log"
@@ -70,9 +80,14 @@ def _launch(model_dir: Path, work_dir: Path, max_model_len: int) -> _Launched:
         "--ready-file", str(ready), "--work-dir", str(work_dir / "vllm"), "--max-model-len", str(max_model_len),
         "--kv-cache-gib", "0.25", "--max-num-seqs", "16", "--dtype", "float32", "--log-level", "WARNING",
     ]
+    env = {k: v for k, v in os.environ.items() if k != "ASYNCRL_ROLE_TOKEN"}
+    if token is None:
+        cmd.append("--insecure-no-token")
+    else:
+        env["ASYNCRL_ROLE_TOKEN"] = token
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    return _Launched(proc, ready, log_path)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return _Launched(proc, ready, log_path, token)
 
 
 def _wait_ready(launched: list[_Launched], timeout_s: float) -> list[ServerProcess]:
@@ -88,8 +103,8 @@ def _wait_ready(launched: list[_Launched], timeout_s: float) -> list[ServerProce
         servers = []
         for one in launched:
             info = json.loads(one.ready.read_text())
-            server = ServerProcess(one.proc, f"http://{info['host']}:{info['port']}", one.log_path)
-            assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+            server = ServerProcess(one.proc, f"http://{info['host']}:{info['port']}", one.log_path, one.token)
+            assert httpx.get(f"{server.url}/health", headers=server.headers, timeout=10).status_code == 200
             servers.append(server)
         return servers
     except BaseException:
@@ -98,9 +113,11 @@ def _wait_ready(launched: list[_Launched], timeout_s: float) -> list[ServerProce
         raise
 
 
-def start_server(model_dir: Path, work_dir: Path, timeout_s: float = 300.0, max_model_len: int = MAX_MODEL_LEN) -> ServerProcess:
-    """Start a server on a free port; return once its ready file exists and /health answers."""
-    return _wait_ready([_launch(model_dir, work_dir, max_model_len)], timeout_s)[0]
+def start_server(model_dir: Path, work_dir: Path, timeout_s: float = 300.0, max_model_len: int = MAX_MODEL_LEN,
+                 token: str | None = None) -> ServerProcess:
+    """Start a server on a free port; return once its ready file exists and /health answers. `token`: the
+    bearer token it requires (None: an insecure server)."""
+    return _wait_ready([_launch(model_dir, work_dir, max_model_len, token)], timeout_s)[0]
 
 
 EOS_TOKEN = 20  # the most frequent token of the seed-0 tiny model (~8% of sampled tokens)

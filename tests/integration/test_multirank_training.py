@@ -137,20 +137,5 @@ def test_two_ranks_equal_one_rank(stage, model_dir, tmp_path):
         assert res["resume_max_diff"] <= 1e-7 and res["resume_loss_diff"] <= 1e-7
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(400)
-def test_embedded_run_with_two_training_ranks(tmp_path):
-    from tests.helpers.subprocess_runs import run_embedded
-
-    overrides = ["generation.num_servers=1", "training.steps=2", "training.checkpoint_every=1",
-                 "training.num_processes=2", "training.zero_stage=3", "eval_before_after=false"]
-    run_embedded(REPO / "configs/smoke.yaml", tmp_path, "multirank", overrides, timeout_s=360)
-    summary = json.loads((tmp_path / "multirank/run_summary.json").read_text())
-    assert summary["final_version"] == 2 and summary["weights_in_sync"] is True
-    log = (tmp_path / "multirank/logs/training-0.log").read_text()
-    assert "rank 0 of 2" in log and "rank 1 of 2" in log
-    assert "rank 1: the leader said stop (step 2)" in log
-
-
 if __name__ == "__main__":
     _worker(int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))

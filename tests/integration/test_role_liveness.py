@@ -15,10 +15,12 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.roles.context import wait_for_rendezvous
 from asyncrl.roles.liveness import Heartbeat
+from asyncrl.transport.auth import TOKEN_ENV, auth_headers, new_token
 from asyncrl.transport.run_layout import RunPaths
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
+TOKEN = new_token()  # the roles' bearer token (ASYNCRL_ROLE_TOKEN)
 
 
 def _start_run(store, run_id: str) -> RunPaths:
@@ -30,7 +32,7 @@ def _start_run(store, run_id: str) -> RunPaths:
 
 
 def _role(module: str, store, endpoint: str, run_id: str, log: Path, role_id: str = "0") -> subprocess.Popen:
-    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint}
+    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, TOKEN_ENV: TOKEN}
     return subprocess.Popen([sys.executable, "-m", module, "--run-url", f"s3://{store.bucket}/runs/{run_id}",
                              "--id", role_id], cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
@@ -51,7 +53,7 @@ def test_reward_role_exits_at_done_and_reports_its_figures(s3_server, s3_store, 
     proc = _role("asyncrl.roles.reward", s3_store, s3_server.endpoint_url, "done-run", tmp_path / "reward.log")
     try:
         doc = wait_for_rendezvous(s3_store, paths, "reward", 1, timeout_s=60)[0]
-        r = httpx.post(f"http://{doc['host']}:{doc['port']}/score", timeout=10,
+        r = httpx.post(f"http://{doc['host']}:{doc['port']}/score", timeout=10, headers=auth_headers(TOKEN),
                        json={"task": "arithmetic", "prompt": "1+1=", "response": "2", "metadata": {"answer": "2"}})
         assert r.status_code == 200 and r.json()["reward"] == 1.0
         deadline = time.monotonic() + 20

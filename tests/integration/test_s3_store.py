@@ -161,14 +161,16 @@ def test_group_streams_two_writers_and_resume(s3_store: S3Store) -> None:
     assert [(w, s) for w, s, _ in r2.poll()] == [("envA", 4), ("envB", 1)]
 
 
-def test_reader_raises_on_corrupt_group_naming_key(s3_store: S3Store) -> None:
+def test_reader_quarantines_corrupt_group_naming_key(s3_store: S3Store) -> None:
     paths = RunPaths("runs", "r2")
     s3_store.put_bytes(paths.group("env0", 0), encode_group(group("ok")))
     s3_store.put_bytes(paths.group("env0", 1), b"garbage")
     reader = GroupReader(s3_store, paths, writers=["env0"])
-    with pytest.raises(ValueError, match=r"groups/env0/000000000001\.parquet: not a readable Parquet"):
-        reader.poll()
-    assert reader.cursors == {"env0": 1}  # the good one was consumed, the bad one was not skipped
+    assert [g.group_id for _, _, g in reader.poll()] == ["ok"]  # a malformed object never raises out of poll
+    assert reader.cursors == {"env0": 2}  # the good one was consumed, the bad one skipped
+    [rec] = reader.quarantined
+    assert rec.key.endswith("groups/env0/000000000001.parquet") and "not a readable Parquet" in rec.reason
+    assert s3_store.get_bytes(paths.quarantine_group("env0", 1)) == b"garbage"
 
 
 def test_sigterm_stops_server_quickly(tmp_path: Path) -> None:

@@ -228,9 +228,13 @@ def test_parse_proc_net_tcp_hand_computed() -> None:
 SERVER = textwrap.dedent("""
     import http.server, sys
     status = int(sys.argv[1])
+    token = sys.argv[2] if len(sys.argv) > 2 else ""
     class H(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_response(status if self.path == "/health" else 404)
+            if token and self.headers.get("Authorization") != "Bearer " + token:
+                self.send_response(401)
+            else:
+                self.send_response(status if self.path == "/health" else 404)
             self.end_headers()
         def log_message(self, *a):
             pass
@@ -244,8 +248,8 @@ SERVER = textwrap.dedent("""
 def server_factory():
     procs: list[subprocess.Popen[str]] = []
 
-    def start(status: int) -> tuple[int, int]:
-        proc = subprocess.Popen([sys.executable, "-c", SERVER, str(status)], stdout=subprocess.PIPE, text=True)
+    def start(status: int, token: str = "") -> tuple[int, int]:
+        proc = subprocess.Popen([sys.executable, "-c", SERVER, str(status), token], stdout=subprocess.PIPE, text=True)
         procs.append(proc)
         assert proc.stdout is not None
         port = int(proc.stdout.readline())
@@ -263,6 +267,9 @@ def test_probe_explicit_port(server_factory) -> None:
     _, bad_port = server_factory(503)
     assert hc.main({"ASYNCRL_PORT": str(ok_port)}) == 0
     assert hc.main({"ASYNCRL_PORT": str(bad_port)}) == 1
+    _, secured = server_factory(200, "run-token-0123456789")  # the role servers require the run's bearer token
+    assert hc.main({"ASYNCRL_PORT": str(secured)}) == 1
+    assert hc.main({"ASYNCRL_PORT": str(secured), "ASYNCRL_ROLE_TOKEN": "run-token-0123456789"}) == 0
 
 
 def test_probe_discovers_the_role_process_port(server_factory) -> None:

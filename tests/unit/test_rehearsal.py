@@ -17,7 +17,8 @@ from asyncrl.cluster.rehearsal import (
 )
 from asyncrl.cluster.rehearsal_runner import local_argv
 
-SECRETS = {"asyncrl-s3": {"AWS_ACCESS_KEY_ID": "AKTEST", "AWS_SECRET_ACCESS_KEY": "sekrit"}}
+SECRETS = {"asyncrl-s3": {"AWS_ACCESS_KEY_ID": "AKTEST", "AWS_SECRET_ACCESS_KEY": "sekrit"},
+           "asyncrl-role-token": {"ASYNCRL_ROLE_TOKEN": "role-token-for-the-test"}}
 CONFIG_MAPS = {"asyncrl-endpoints": {"AWS_ENDPOINT_URL": "http://127.0.0.1:9999"}}
 RUN = "0f1e2d3c-run"
 
@@ -122,10 +123,13 @@ def test_missing_secret_or_key_is_an_error(compiled):
     spec, platform = compiled
     params = resolve_parameters(spec)
     with pytest.raises(RehearsalError, match="secret 'asyncrl-s3' has no key 'AWS_SECRET_ACCESS_KEY'"):
-        task_commands(spec, platform, params, RUN, secrets={"asyncrl-s3": {"AWS_ACCESS_KEY_ID": "x"}},
-                      config_maps=CONFIG_MAPS)
+        task_commands(spec, platform, params, RUN, config_maps=CONFIG_MAPS,
+                      secrets={**SECRETS, "asyncrl-s3": {"AWS_ACCESS_KEY_ID": "x"}})
     with pytest.raises(RehearsalError, match="secret 'asyncrl-s3' is not given"):
         task_commands(spec, platform, params, RUN, secrets={}, config_maps=CONFIG_MAPS)
+    with pytest.raises(RehearsalError, match="secret 'asyncrl-role-token' is not given"):
+        task_commands(spec, platform, params, RUN, secrets={"asyncrl-s3": SECRETS["asyncrl-s3"]},
+                      config_maps=CONFIG_MAPS)
     with pytest.raises(RehearsalError, match="config map 'asyncrl-endpoints' has no key 'AWS_ENDPOINT_URL'"):
         task_commands(spec, platform, params, RUN, secrets=SECRETS, config_maps={"asyncrl-endpoints": {}})
 

@@ -321,3 +321,19 @@ def test_least_tokens_heap_picks_the_same_server_as_a_full_scan():
             d = running.pop(rng.randrange(len(running)))
             s.request_finished(d.group_id, d.sample_index, rng.randint(0, 9))
         s.check_invariants()
+
+
+def test_a_restarted_writer_counts_its_written_groups_and_names_new_groups_apart():
+    """After a resume, the 5 groups the writer had written (3 consumed) fill the α window: with α=1, B=2 the window
+    is (α+1)·B = 4 groups, 2 of them unconsumed, so exactly 2 more are admitted; new ids carry the restart."""
+    s = make(alpha=1, b=2, incarnation=5)
+    s.restore_emitted(5)
+    s.version_advanced(1, 2, 3)  # version 1; 2 trained, 3 consumed (1 dropped as stale)
+    assert s.emitted_unconsumed == 2
+    admitted = []
+    while s.can_admit():
+        admitted.append(s.offer_prompt(len(admitted), 4)[0].group_id)
+    assert admitted == ["env0-r5-000000005", "env0-r5-000000006"]
+    s.check_invariants()
+    with pytest.raises(ValueError, match="restore_emitted"):
+        s.restore_emitted(1)
