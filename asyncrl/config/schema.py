@@ -141,6 +141,9 @@ class RolloutConfig(_Section):
     dynamic_filter: bool = Field(False, description="Drop (and replace) groups whose rewards are all equal.")
     replace_failed: int = Field(0, ge=0, le=1024, description="Failed samples (a generation, environment or score "
                                 "failure) replaced per group by a new sample of the same prompt.")
+    reward_attempts: int = Field(4, ge=1, le=20, description="Calls of the reward role per sample: a transient "
+                                 "failure (no answer, 429, 5xx) is retried with backoff and jitter; then the sample is "
+                                 "dropped and counted, never given a default reward.")
     partial_rollout: Literal["continue", "resubmit"] = Field(
         "continue", description="On a weight update, running requests continue under the new weights (continue), or "
         "are aborted and re-sent with their partial tokens appended (resubmit)."

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import time
-from collections.abc import MutableMapping
+from collections.abc import AsyncIterator, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,6 +176,31 @@ def base_url(doc: dict[str, Any]) -> str:
 def numeric_metrics(doc: dict[str, Any]) -> dict[str, float]:
     """The numeric fields of a status document (bools and text left out), for a heartbeat's metrics."""
     return {k: float(v) for k, v in doc.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+@contextlib.asynccontextmanager
+async def watched(ctx: RoleContext, on_done: str, heartbeat: Heartbeat,
+                  figures: Callable[[], dict[str, float]]) -> AsyncIterator[tuple[asyncio.Event, list[RunOver]]]:
+    """Around a serving role: refresh its heartbeat's metrics from `figures()` every beat, and set the yielded
+    `stop` event when the run is over for it (`stop_when_over`), appending why to the yielded list."""
+    stop = asyncio.Event()
+    over: list[RunOver] = []
+
+    async def report() -> None:
+        while True:
+            heartbeat.metrics = figures()
+            await asyncio.sleep(ctx.cfg.timeouts.heartbeat_s)
+
+    async def watch() -> None:
+        over.append(await stop_when_over(ctx, on_done, stop))
+
+    tasks = [asyncio.create_task(report()), asyncio.create_task(watch())]
+    try:
+        yield stop, over
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def stop_when_over(ctx: RoleContext, on_done: str, stop: asyncio.Event) -> RunOver:

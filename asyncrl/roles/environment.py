@@ -277,6 +277,8 @@ class EnvironmentRunner:
             "rollout/dropped_samples": s.samples_dropped, "rollout/failed_samples": s.samples_failed,
             "rollout/resubmits": s.resubmits, "rollout/requests_in_flight": counts["running_requests"],
             "rollout/live_groups": counts["live_groups"], "rollout/version": self.sched.version,
+            "rollout/reward_retries": self.reward.retries,
+            "rollout/score_failed_samples": self.failures.get("score", 0),
         }
         if self._health is not None:
             for i, rates in enumerate(server_rates(self._health, health)):
@@ -347,7 +349,8 @@ async def run_environment(ctx: RoleContext) -> None:
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
     async with httpx.AsyncClient(limits=limits) as client:
         gens = [GenerationClient(base_url(d), client, cfg.timeouts.http_s) for d in gen_docs]
-        reward = RewardClient(base_url(reward_docs[0]), client, cfg.timeouts.http_s)
+        reward = RewardClient(base_url(reward_docs[0]), client, cfg.timeouts.http_s,
+                              attempts=cfg.rollout.reward_attempts)
         if cfg.env is not None:
             from asyncrl.roles.agentic import AgenticRunner  # the agentic runner builds on this module
 

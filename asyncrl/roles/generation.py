@@ -22,7 +22,7 @@ from asyncrl.roles.context import (
     numeric_metrics,
     role_arg_parser,
     setup_logging,
-    stop_when_over,
+    watched,
 )
 from asyncrl.roles.liveness import Heartbeat, RunOver
 from asyncrl.transport.auth import MissingTokenError, require_token
@@ -33,29 +33,16 @@ log = logging.getLogger(__name__)
 async def serve(ctx: RoleContext, settings: EngineSettings, host: str, advertise: str, on_done: str,
                 heartbeat: Heartbeat) -> RunOver | None:
     """Serve until SIGTERM/SIGINT or the end of the run; returns why the run ended it (None: stopped)."""
-    stop = asyncio.Event()
     engines: list[GenerationEngine] = []
-    over: list[RunOver] = []
 
-    async def report() -> None:
-        while True:
-            if engines:
-                heartbeat.metrics = numeric_metrics(engines[0].health())
-            await asyncio.sleep(ctx.cfg.timeouts.heartbeat_s)
-
-    async def watch() -> None:
-        over.append(await stop_when_over(ctx, on_done, stop))
+    def figures() -> dict[str, float]:
+        return numeric_metrics(engines[0].health()) if engines else {}
 
     def ready(bound: str, port: int) -> None:
         ctx.publish({"host": advertise or bound, "port": port})
 
-    tasks = [asyncio.create_task(report()), asyncio.create_task(watch())]
-    try:
+    async with watched(ctx, on_done, heartbeat, figures) as (stop, over):
         await run_server(settings, host, 0, ready, stop, on_engine=engines.append)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
     return over[0] if over else None
 
 

@@ -26,7 +26,7 @@ from asyncrl.roles.context import (
     numeric_metrics,
     role_arg_parser,
     setup_logging,
-    stop_when_over,
+    watched,
 )
 from asyncrl.roles.liveness import Heartbeat, RunOver
 from asyncrl.transport.auth import MissingTokenError, require_token, secure_app
@@ -103,28 +103,13 @@ async def serve_app(app: FastAPI, sock: socket.socket, on_ready: Callable[[str, 
 async def serve(ctx: RoleContext, sock: socket.socket, advertise: str, on_done: str,
                 heartbeat: Heartbeat, token: str) -> RunOver | None:
     """Serve until SIGTERM/SIGINT or the end of the run; returns why the run ended it (None: stopped)."""
-    stop = asyncio.Event()
     stats: dict[str, int] = {}
-    over: list[RunOver] = []
-
-    async def report() -> None:
-        while True:
-            heartbeat.metrics = numeric_metrics(stats)
-            await asyncio.sleep(ctx.cfg.timeouts.heartbeat_s)
-
-    async def watch() -> None:
-        over.append(await stop_when_over(ctx, on_done, stop))
 
     def ready(host: str, port: int) -> None:
         ctx.publish({"host": advertise or host, "port": port})
 
-    tasks = [asyncio.create_task(report()), asyncio.create_task(watch())]
-    try:
+    async with watched(ctx, on_done, heartbeat, lambda: numeric_metrics(stats)) as (stop, over):
         await serve_app(create_app(stats, token=token), sock, ready, stop)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
     return over[0] if over else None
 
 

@@ -7,16 +7,29 @@ Every call carries `Authorization: Bearer <token>`, the token defaulting to `ASY
 
 from __future__ import annotations
 
+import asyncio
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from asyncrl.transport.auth import auth_headers
+from asyncrl.transport.retry import RetryPolicy
 
 
 class RemoteError(RuntimeError):
-    """A role answered with an error or not within its deadline."""
+    """A role answered with an error (`status`) or not within its deadline (`status` None: no answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying: no answer (connection, deadline), 429, or a 5xx; never a refusal of the request."""
+        return self.status is None or self.status == 429 or self.status >= 500
 
 
 @dataclass
@@ -36,7 +49,7 @@ async def post_json(client: httpx.AsyncClient, url: str, body: dict[str, Any], t
     except httpx.HTTPError as err:
         raise RemoteError(f"POST {url}: {type(err).__name__}: {err}") from err
     if r.status_code != 200:
-        raise RemoteError(f"POST {url}: HTTP {r.status_code}: {r.text[:300]}")
+        raise RemoteError(f"POST {url}: HTTP {r.status_code}: {r.text[:300]}", r.status_code)
     return r.json()
 
 
@@ -86,13 +99,30 @@ class GenerationClient:
 class RewardClient:
     """The reward role's `/score`. `token`: the bearer token (default: the environment's `ASYNCRL_ROLE_TOKEN`)."""
 
-    def __init__(self, base_url: str, client: httpx.AsyncClient, timeout_s: float, token: str | None = None) -> None:
+    def __init__(self, base_url: str, client: httpx.AsyncClient, timeout_s: float, token: str | None = None,
+                 attempts: int = 1, backoff: RetryPolicy | None = None,
+                 rand: Callable[[], float] = random.random) -> None:
         self.base_url = base_url.rstrip("/")
         self._client = client
         self._timeout = timeout_s
         self._headers = auth_headers(token)
+        self.attempts = attempts
+        self._backoff = backoff or RetryPolicy(base_s=0.5, cap_s=8.0)
+        self._rand = rand
+        self.retries = 0  # transient failures retried, over the client's life
 
     async def score(self, task: str, prompt: str, response: str, metadata: dict[str, Any]) -> tuple[float, dict]:
-        out = await post_json(self._client, f"{self.base_url}/score", {
-            "task": task, "prompt": prompt, "response": response, "metadata": metadata}, self._timeout, self._headers)
-        return float(out["reward"]), dict(out.get("details", {}))
+        """The reward of one response. A transient failure (no answer, 429, 5xx) is retried up to `attempts` calls in
+        all, with exponential backoff and full jitter; then, or at once for a refusal, `RemoteError` (the caller
+        drops the sample and counts it: a sample never gets a default reward)."""
+        body = {"task": task, "prompt": prompt, "response": response, "metadata": metadata}
+        for attempt in range(1, self.attempts + 1):
+            try:
+                out = await post_json(self._client, f"{self.base_url}/score", body, self._timeout, self._headers)
+                return float(out["reward"]), dict(out.get("details", {}))
+            except RemoteError as err:
+                if not err.transient or attempt == self.attempts:
+                    raise
+                self.retries += 1
+                await asyncio.sleep(self._backoff.backoff(attempt, self._rand))
+        raise AssertionError("unreachable: the last attempt returns or raises")
