@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 from asyncrl.config import ConfigError, RunConfig, load_config
 
@@ -99,6 +100,23 @@ def main(argv: list[str] | None = None) -> None:
         _resume(args)
         return
     cfg = _load(args)
+    if args.command in ("run", "build-model") and cfg.model.path and not cfg.model.path.startswith("s3://"):
+        from asyncrl.models.tiny import ModelFolderError, check_model_folder
+
+        try:  # before anything starts: a model folder missing files is a config error, not a crash
+            check_model_folder(Path(cfg.model.path))
+        except ModelFolderError as err:
+            print(f"asyncrl: {err}", file=sys.stderr)
+            sys.exit(2)
+    if cfg.env is None and cfg.task.name == "jsonl":
+        from asyncrl.tasks.dataset_check import check_dataset
+        from asyncrl.tasks.jsonl import DatasetError
+
+        try:  # the files are read here, where they are, before any process starts (roles re-read them)
+            check_dataset(cfg)
+        except DatasetError as err:
+            print(f"asyncrl: {err}", file=sys.stderr)
+            sys.exit(2)
     if args.command == "validate":
         print(json.dumps(cfg.model_dump(mode="json"), indent=2))
         return

@@ -1,7 +1,8 @@
 """Container components: the setup step, one long-lived role, and the finalize exit step.
 
 Each is a thin container around an `asyncrl` entrypoint, the very command the embedded launcher runs
-(`python -m asyncrl.roles.<role> --run-url s3://bucket/prefix/<KFP run id> --id <id>`). Images are set per task by
+(`python -m asyncrl.roles.<role> --run-url s3://bucket/prefix/<run id> --id <id>`). The run id is setup's output
+parameter `run_id`: the KFP run id for a new run, the resumed run's id with the pipeline parameter `resume_run_id`. Images are set per task by
 the pipeline (`set_container_image`, from pipeline parameters); the defaults below are only placeholders the
 pipeline always replaces. S3 credentials and endpoint come from the Kubernetes secret `asyncrl-s3` (see
 pipelines/asyncrl_pipeline.py), never from a parameter.
@@ -13,19 +14,21 @@ from kfp import dsl
 PLACEHOLDER_IMAGE = "asyncrl-light:set-by-pipeline"
 
 
-def run_url_placeholder(bucket: str, prefix: str) -> dsl.ConcatPlaceholder:
-    """s3://<bucket>/<prefix>/<KFP run id>, resolved by the KFP backend when the task starts."""
-    return dsl.ConcatPlaceholder(["s3://", bucket, "/", prefix, "/", dsl.PIPELINE_JOB_ID_PLACEHOLDER])
+def run_url_placeholder(bucket: str, prefix: str, run_id: str) -> dsl.ConcatPlaceholder:
+    """s3://<bucket>/<prefix>/<run id>, resolved by the KFP backend when the task starts."""
+    return dsl.ConcatPlaceholder(["s3://", bucket, "/", prefix, "/", run_id])
 
 
 @dsl.container_component
 def setup(bucket: str, prefix: str, config_yaml: str, overrides: list, tags: list, generation_ids: list,
           environment_ids: list, model_path: str, env_name: str, loss: str, async_ratio: int, steps: int,
           prompts_per_step: int, samples_per_prompt: int, training_processes: int, mlflow_uri: str,
-          mlflow_experiment: str, generation_image: str, training_image: str, light_image: str):
+          mlflow_experiment: str, generation_image: str, training_image: str, light_image: str, resume_run_id: str,
+          run_id: dsl.OutputPath(str)):
     """Validate the configuration (YAML text, the UI's fields, then `section.key=value` overrides, in that order)
     and write it to S3 under the run; the MLflow run is tagged with the three image references. KFP passes the list
-    parameters as JSON text."""
+    parameters as JSON text. With `resume_run_id`, resume that run instead (`asyncrl.cluster.resume`). Output
+    `run_id`: the run every role drives."""
     return dsl.ContainerSpec(
         image=PLACEHOLDER_IMAGE,
         command=["python", "-m", "asyncrl.cluster.setup"],
@@ -43,12 +46,13 @@ def setup(bucket: str, prefix: str, config_yaml: str, overrides: list, tags: lis
               "--tag", dsl.ConcatPlaceholder(["image.generation=", generation_image]),
               "--tag", dsl.ConcatPlaceholder(["image.training=", training_image]),
               "--tag", dsl.ConcatPlaceholder(["image.light=", light_image]),
-              "--overrides-json", overrides, "--tags-json", tags],
+              "--overrides-json", overrides, "--tags-json", tags, "--resume-run-id", resume_run_id,
+              "--run-id-output", run_id],
     )
 
 
 @dsl.container_component
-def role(module: str, bucket: str, prefix: str, role_id: str, gpus: int = 0):
+def role(module: str, bucket: str, prefix: str, run_id: str, role_id: str, gpus: int = 0):
     """One long-lived role: `python -m <module> --run-url ... --id <role_id>`, bound to all interfaces and
     advertising the pod IP; it exits by itself when the run is done or a peer is gone past its deadline.
 
@@ -58,29 +62,32 @@ def role(module: str, bucket: str, prefix: str, role_id: str, gpus: int = 0):
     return dsl.ContainerSpec(
         image=PLACEHOLDER_IMAGE,
         command=["python", "-m", module],
-        args=["--run-url", run_url_placeholder(bucket, prefix), "--id", role_id, "--host", "0.0.0.0"],
+        args=["--run-url", run_url_placeholder(bucket, prefix, run_id), "--id", role_id, "--host", "0.0.0.0"],
     )
 
 
 @dsl.container_component
-def training_role(bucket: str, prefix: str, processes: int):
+def training_role(bucket: str, prefix: str, run_id: str, processes: int):
     """The training role under torchrun: one data-parallel DeepSpeed rank per GPU of the pod (`processes`, which
     setup also wrote as `training.num_processes`); rank 0 leads (reads S3, pushes weights, logs, checkpoints)."""
     return dsl.ContainerSpec(
         image=PLACEHOLDER_IMAGE,
         command=["torchrun"],
         args=["--standalone", "--nnodes", "1", "--nproc-per-node", processes, "-m", "asyncrl.roles.training",
-              "--run-url", run_url_placeholder(bucket, prefix), "--id", "0", "--host", "0.0.0.0"],
+              "--run-url", run_url_placeholder(bucket, prefix, run_id), "--id", "0", "--host", "0.0.0.0"],
     )
 
 
 @dsl.component(base_image=PLACEHOLDER_IMAGE, install_kfp_package=False)
-def finalize(bucket: str, prefix: str, run_id: str, status: dsl.PipelineTaskFinalStatus):
+def finalize(bucket: str, prefix: str, run_id: str, resume_run_id: str, status: dsl.PipelineTaskFinalStatus):
     """The exit step: mark the run done (every role exits), record the pipeline's final status, register the
     final model in MLflow. A Python component because only those receive the final status; the light image has
-    kfp installed, so nothing is installed at run time."""
+    kfp installed, so nothing is installed at run time. `run_id` is the KFP run id: an exit task may not read
+    setup's output, so a resumed run is named by `resume_run_id`, and finalize ends it only if this pipeline run
+    resumed it (`asyncrl.cluster.finalize --kfp-run-id`)."""
     import subprocess
     import sys
 
-    subprocess.run([sys.executable, "-m", "asyncrl.cluster.finalize", "--run-url", f"s3://{bucket}/{prefix}/{run_id}",
-                    "--status", status.state], check=True, timeout=600)
+    run = resume_run_id or run_id
+    subprocess.run([sys.executable, "-m", "asyncrl.cluster.finalize", "--run-url", f"s3://{bucket}/{prefix}/{run}",
+                    "--status", status.state, "--kfp-run-id", run_id], check=True, timeout=600)

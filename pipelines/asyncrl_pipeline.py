@@ -5,8 +5,12 @@
 Graph: `finalize` is the `dsl.ExitHandler` exit task around everything, so it runs whether the run succeeded,
 failed or was cancelled: it writes the `done` marker (every role exits by itself, so no GPU stays held), records
 the final status and registers the final model in MLflow. Inside: `setup` validates the configuration and writes it
-to S3 under the KFP run id; the roles depend on setup only (they read that document), never on each other, so Argo
-runs them concurrently; they find each other through S3 rendezvous documents under the run id.
+to S3 under the KFP run id (or, with `resume_run_id`, checks and rewinds that crashed run: see
+`asyncrl.cluster.resume`) and outputs the run id; every role reads it from setup's output `run_id` (a
+taskOutputParameter), so a resumed pipeline run drives the old run's S3 folder; the roles depend on setup only
+(they read that document), never on each other, so Argo runs them concurrently; they find each other through S3
+rendezvous documents under the run id. `finalize` may not read setup's output (KFP forbids an exit task any upstream
+task): it gets `resume_run_id` and ends a resumed run only if this pipeline run resumed it.
 
 Per role task, through kfp-kubernetes: the image from a pipeline parameter, GPUs (generation and training), the S3
 credentials from the Kubernetes secret `asyncrl-s3` (never a parameter), the role servers' bearer token from the
@@ -29,6 +33,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 ROLE_TIMEOUT_S = 7 * 24 * 3600
 SETUP_TIMEOUT_S = 600
 ROLE_LABEL = "asyncrl/role"
+GENERATION_RETRIES = 3  # = the default generation.max_restarts of the embedded launcher
 
 
 def _common(task: dsl.PipelineTask, image: str, role_name: str, timeout_s: int) -> dsl.PipelineTask:
@@ -79,8 +84,10 @@ def asyncrl_pipeline(
     mlflow_experiment: str = "asyncrl",
     overrides: list = [],  # noqa: B006
     tags: list = [],  # noqa: B006
+    resume_run_id: str = "",
 ) -> None:
-    exit_task = finalize(bucket=s3_bucket, prefix=s3_prefix, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+    exit_task = finalize(bucket=s3_bucket, prefix=s3_prefix, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                         resume_run_id=resume_run_id)
     _common(exit_task, light_image, "finalize", SETUP_TIMEOUT_S)
     with dsl.ExitHandler(exit_task, name="asyncrl-run"):
         prepared = setup(bucket=s3_bucket, prefix=s3_prefix, config_yaml=config_yaml, overrides=overrides, tags=tags,
@@ -88,22 +95,30 @@ def asyncrl_pipeline(
                          model_path=model_path, env_name=env_name, loss=loss, async_ratio=async_ratio, steps=steps,
                          prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt,
                          training_processes=training_gpus, mlflow_uri=mlflow_uri, mlflow_experiment=mlflow_experiment,
-                         generation_image=generation_image, training_image=training_image, light_image=light_image)
+                         generation_image=generation_image, training_image=training_image, light_image=light_image,
+                         resume_run_id=resume_run_id)
         _common(prepared, light_image, "setup", SETUP_TIMEOUT_S).set_display_name("setup")
+        run_id = prepared.outputs["run_id"]  # the KFP run id, or the resumed run's
 
         with dsl.ParallelFor(generation_replica_ids, name="generation-replicas") as gen_id:
-            gen = role(module="asyncrl.roles.generation", bucket=s3_bucket, prefix=s3_prefix, role_id=gen_id,
+            gen = role(module="asyncrl.roles.generation", bucket=s3_bucket, prefix=s3_prefix, run_id=run_id,
+                       role_id=gen_id,
                        gpus=generation_gpus)
             _gpu(_common(gen.after(prepared), generation_image, "generation", ROLE_TIMEOUT_S), generation_gpus)
             gen.set_display_name("generation")
+            # a lost generation pod (evicted, OOM-killed) comes back: the run goes on without it meanwhile, and the
+            # new pod starts from the last committed checkpoint and joins the next weight-group epoch
+            gen.set_retry(num_retries=GENERATION_RETRIES, backoff_duration="10s", backoff_factor=2.0,
+                          backoff_max_duration="300s")
 
-        train = training_role(bucket=s3_bucket, prefix=s3_prefix, processes=training_gpus)
+        train = training_role(bucket=s3_bucket, prefix=s3_prefix, run_id=run_id, processes=training_gpus)
         _gpu(_common(train.after(prepared), training_image, "training", ROLE_TIMEOUT_S), training_gpus)
         train.set_display_name("training")
 
-        reward = role(module="asyncrl.roles.reward", bucket=s3_bucket, prefix=s3_prefix, role_id="0")
+        reward = role(module="asyncrl.roles.reward", bucket=s3_bucket, prefix=s3_prefix, run_id=run_id, role_id="0")
         _common(reward.after(prepared), light_image, "reward", ROLE_TIMEOUT_S).set_display_name("reward")
 
         with dsl.ParallelFor(environment_replica_ids, name="environment-replicas") as env_id:
-            env = role(module="asyncrl.roles.environment", bucket=s3_bucket, prefix=s3_prefix, role_id=env_id)
+            env = role(module="asyncrl.roles.environment", bucket=s3_bucket, prefix=s3_prefix, run_id=run_id,
+                       role_id=env_id)
             _common(env.after(prepared), light_image, "environment", ROLE_TIMEOUT_S).set_display_name("environment")

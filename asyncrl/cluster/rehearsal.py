@@ -8,6 +8,10 @@ item) and resolves, the way the KFP driver and launcher do, every placeholder of
 and `{"IfPresent": ...}` arguments; plus the task's env: the container's `env`, and from the platform spec the
 secret, config-map and field-path env (`asyncrl.cluster.rehearsal_env`), from the dicts the caller passes. The
 runner is `asyncrl.cluster.rehearsal_runner.rehearse`.
+Task output parameters (`taskOutputParameter`, e.g. the setup task's `run_id` that every role reads) come from
+`outputs` ({producer task key: {output name: value}}); with `defer_outputs`, one not known yet resolves to a
+`PendingOutput` stand-in and the task that reads it lists it in `pending` (the runner resolves the pipeline again
+once the producer has run and written its output file, `{outputs_dir}/{producer key}/{output name}`).
 
 Invariants: a resolved command never contains `{{$`; an unknown placeholder, parameter, secret, secret key or
 unsupported construct (conditions, artifacts, importers) is a `RehearsalError` naming the task and the field.
@@ -21,21 +25,26 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from asyncrl.cluster.rehearsal_env import PlatformEnvError, platform_env
+from asyncrl.cluster.rehearsal_params import (
+    PendingOutput,
+    RehearsalError,
+    load_compiled,
+    param_text,
+    parse_output,
+    resolve_parameters,
+    typed,
+)
+
+__all__ = ["JobContext", "PendingOutput", "RehearsalError", "RehearsalTask", "load_compiled", "param_text",
+           "parse_output", "rehearse", "resolve_parameters", "task_commands"]
 
 EXIT_STRATEGY = "ALL_UPSTREAM_TASKS_COMPLETED"
 _PLACEHOLDER = re.compile(r"\{\{\$(?P<path>[^{}]*)\}\}")
 _INPUT_PARAM = re.compile(r"""^\.inputs\.parameters\[['"](?P<name>[^'"]+)['"]\]$""")
 _OUTPUT_PARAM = re.compile(r"""^\.outputs\.parameters\[['"](?P<name>[^'"]+)['"]\]\.output_file$""")
-
-
-class RehearsalError(ValueError):
-    """A pipeline the rehearsal cannot resolve; the message names the task and the field."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +53,10 @@ class RehearsalTask:
 
     `key` is unique ("exit-handler-1/for-loop-2[1]/role"); `name` is the task's display name with its loop item
     ("generation-1"); `depends_on` holds keys of leaf tasks that must finish first (DAG-level dependencies are
-    inherited by every task inside); `is_exit` marks the exit handler's task (runs whatever happened)."""
+    inherited by every task inside); `is_exit` marks the exit handler's task (runs whatever happened);
+    `outputs` maps each output parameter the task's container writes to its parameterType; `pending` lists the
+    task output parameters it reads that were not known yet ("<producer key>:<output>"): such a task must be
+    resolved again before it starts."""
 
     key: str
     name: str
@@ -58,6 +70,8 @@ class RehearsalTask:
     is_exit: bool = False
     loop_item: Any = None
     role: str = ""
+    outputs: dict[str, str] = field(default_factory=dict)
+    pending: tuple[str, ...] = ()
 
     @property
     def argv(self) -> list[str]:
@@ -67,7 +81,8 @@ class RehearsalTask:
 @dataclass(frozen=True)
 class JobContext:
     """What the KFP backend knows about the run: its id and name, the final status given to the exit task, where
-    the executor writes its output metadata, the pod IP, the secrets and config maps of the namespace."""
+    the executor writes its output metadata, the pod IP, the secrets and config maps of the namespace, the task
+    output parameters known so far (by producer task key) and whether an unknown one is deferred or an error."""
 
     run_id: str
     pipeline_name: str = "pipeline"
@@ -78,88 +93,10 @@ class JobContext:
     secrets: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     config_maps: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     outputs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-
-
-# ---- the YAML and its parameters ----------------------------------------------------------------------
-def load_compiled(path: Path | str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(pipeline_spec, platform_spec) of a compiled pipeline; the platform spec is {} when absent."""
-    path = Path(path)
-    try:
-        docs = list(yaml.safe_load_all(path.read_text()))
-    except (OSError, yaml.YAMLError) as err:
-        raise RehearsalError(f"{path}: expected a compiled KFP pipeline YAML: {err}") from err
-    docs = [d for d in docs if d is not None]
-    if not docs or len(docs) > 2 or not all(isinstance(d, dict) for d in docs):
-        raise RehearsalError(f"{path}: expected one or two YAML mappings (pipeline spec, platform spec), got "
-                             f"{len(docs)} document(s)")
-    spec, platform = docs[0], (docs[1] if len(docs) == 2 else {})
-    for key in ("root", "components", "deploymentSpec"):
-        if key not in spec:
-            raise RehearsalError(f"{path}: the pipeline spec has no `{key}`: not a compiled KFP v2 pipeline")
-    if platform and "platforms" not in platform:
-        raise RehearsalError(f"{path}: the second document has no `platforms`: expected the platform spec")
-    return spec, platform
-
-
-def _typed(name: str, kind: str, value: Any) -> Any:
-    """`value` checked against a KFP parameterType (integral floats from YAML defaults become ints)."""
-    ok: bool
-    if kind == "NUMBER_INTEGER":
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif kind == "NUMBER_DOUBLE":
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-    elif kind == "STRING":
-        ok = isinstance(value, str)
-    elif kind == "BOOLEAN":
-        ok = isinstance(value, bool)
-    elif kind == "LIST":
-        ok = isinstance(value, list)
-    elif kind == "STRUCT":
-        ok = isinstance(value, dict)
-    else:
-        raise RehearsalError(f"parameter {name}: unsupported parameterType {kind}")
-    if not ok:
-        raise RehearsalError(f"parameter {name}: expected a {kind} value, got {value!r}")
-    return value
-
-
-def resolve_parameters(spec: dict[str, Any], overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The pipeline's input parameters: declared defaults, replaced by `overrides` (each name must be declared
-    and its value of the declared type); a required parameter without a value is an error."""
-    declared = spec["root"].get("inputDefinitions", {}).get("parameters", {})
-    overrides = dict(overrides or {})
-    unknown = sorted(set(overrides) - set(declared))
-    if unknown:
-        raise RehearsalError(f"parameter {unknown[0]}: not a parameter of this pipeline; expected one of "
-                             f"{sorted(declared)}")
-    out: dict[str, Any] = {}
-    for name, d in declared.items():
-        if name in overrides:
-            out[name] = _typed(name, d["parameterType"], overrides[name])
-        elif "defaultValue" in d:
-            out[name] = _typed(name, d["parameterType"], d["defaultValue"])
-        elif not d.get("isOptional", False):
-            raise RehearsalError(f"parameter {name}: required (no default), give a value")
-    return out
+    defer_outputs: bool = False
 
 
 # ---- placeholders -------------------------------------------------------------------------------------
-def param_text(value: Any) -> str:
-    """A parameter as the KFP launcher writes it into a command line: strings as they are, integral numbers
-    without a fraction, booleans lowercase, lists and structs as compact JSON."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    if isinstance(value, int | float):
-        return repr(value)
-    return json.dumps(value, separators=(",", ":"))
-
-
 class _Resolver:
     """Resolves the placeholders of one task against its inputs and the job."""
 
@@ -224,7 +161,8 @@ def _as_struct(s: str) -> dict[str, Any] | None:
 
 
 # ---- the DAG walk -------------------------------------------------------------------------------------
-def _task_inputs(task_name: str, task: dict[str, Any], scope: Mapping[str, Any], job: JobContext) -> dict[str, Any]:
+def _task_inputs(task_name: str, task: dict[str, Any], scope: Mapping[str, Any], job: JobContext,
+                 prefix: str) -> dict[str, Any]:
     """A task's input parameters from its DAG scope: component inputs, task outputs, the final status, then the
     runtime constants (whose placeholders may name the other inputs, as `base_image` does)."""
     params = task.get("inputs", {}).get("parameters", {})
@@ -245,11 +183,14 @@ def _task_inputs(task_name: str, task: dict[str, Any], scope: Mapping[str, Any],
             constants[name] = src["runtimeValue"].get("constant")
         elif "taskOutputParameter" in src:
             ref = src["taskOutputParameter"]
-            producer, key = ref.get("producerTask"), ref.get("outputParameterKey")
-            if key not in job.outputs.get(producer, {}):
+            producer, key = f"{prefix}{ref.get('producerTask')}", ref.get("outputParameterKey")
+            if key in job.outputs.get(producer, {}):
+                out[name] = job.outputs[producer][key]
+            elif job.defer_outputs:
+                out[name] = PendingOutput(producer, key)
+            else:
                 raise RehearsalError(f"task {task_name}: input {name}: output {key!r} of task {producer!r} is not "
                                      f"known (outputs given: {sorted(job.outputs)})")
-            out[name] = job.outputs[producer][key]
         elif "taskFinalStatus" in src:
             out[name] = {"state": job.final_state, "pipelineJobResourceName": f"{job.pipeline_name}-{job.run_id}",
                          "pipelineTaskName": src["taskFinalStatus"].get("producerTask", ""),
@@ -312,7 +253,7 @@ class _Walker:
                 for p in t.get("inputs", {}).get("parameters", {}).values():
                     if "taskFinalStatus" in p:
                         deps.update(x.key for x in leaves[p["taskFinalStatus"]["producerTask"]])
-            inputs = _task_inputs(key, t, scope, self.job)
+            inputs = _task_inputs(key, t, scope, self.job, prefix)
             comp_name = t.get("componentRef", {}).get("name", "")
             comp = self.spec["components"].get(comp_name)
             if comp is None:
@@ -357,7 +298,7 @@ class _Walker:
         values = dict(inputs)  # the driver passes every task input, not only the declared ones
         for k, d in declared.items():
             if k not in values and "defaultValue" in d:
-                values[k] = _typed(f"{key}.{k}", d["parameterType"], d["defaultValue"])
+                values[k] = typed(f"{key}.{k}", d["parameterType"], d["defaultValue"])
             elif k not in values and not d.get("isOptional", False):
                 raise RehearsalError(f"task {key}: input {k}: required by component and not given")
         executor_input = json.dumps({
@@ -382,18 +323,24 @@ class _Walker:
         role = labels.get("asyncrl/role", display)
         return RehearsalTask(key=key, name=name if n == 1 else f"{name}-{n}", executor=label, command=command,
                              args=args, env=env, image=r.text(container.get("image", "")), inputs=values,
-                             depends_on=deps, is_exit=is_exit, loop_item=loop_item, role=role)
+                             depends_on=deps, is_exit=is_exit, loop_item=loop_item, role=role,
+                             outputs={k: d["parameterType"] for k, d in
+                                      comp.get("outputDefinitions", {}).get("parameters", {}).items()},
+                             pending=tuple(sorted({v.ref for v in inputs.values() if isinstance(v, PendingOutput)})))
 
 def task_commands(spec: dict[str, Any], platform: dict[str, Any], params: Mapping[str, Any], run_id: str, *,
                   secrets: Mapping[str, Mapping[str, str]] | None = None,
                   config_maps: Mapping[str, Mapping[str, str]] | None = None, final_state: str = "SUCCEEDED",
                   outputs_dir: str = "/tmp/kfp_outputs", pod_ip: str = "127.0.0.1",
-                  outputs: Mapping[str, Mapping[str, Any]] | None = None) -> list[RehearsalTask]:
+                  outputs: Mapping[str, Mapping[str, Any]] | None = None,
+                  defer_outputs: bool = False) -> list[RehearsalTask]:
     """Every leaf task of the pipeline, resolved; `params` are the resolved pipeline parameters
-    (`resolve_parameters`), `run_id` stands for the KFP run id, `final_state` is the status the exit task gets."""
+    (`resolve_parameters`), `run_id` stands for the KFP run id, `final_state` is the status the exit task gets,
+    `outputs` the task output parameters known (by producer task key, e.g. "exit-handler-1/setup"); an unknown one
+    is an error, or with `defer_outputs` a `PendingOutput` listed in the reading task's `pending`."""
     job = JobContext(run_id=run_id, pipeline_name=spec.get("pipelineInfo", {}).get("name", "pipeline"),
                      final_state=final_state, outputs_dir=outputs_dir, pod_ip=pod_ip, secrets=secrets or {},
-                     config_maps=config_maps or {}, outputs=outputs or {})
+                     config_maps=config_maps or {}, outputs=outputs or {}, defer_outputs=defer_outputs)
     walker = _Walker(spec, platform, job)
     return walker.dag(spec["root"]["dag"], dict(params), (), "", None, False)
 

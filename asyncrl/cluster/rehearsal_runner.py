@@ -9,6 +9,10 @@ are removed from the children's environment); create the bucket; start each task
 in `workdir/logs/<task>.log` and its working directory `workdir/pods/<task>`; once the run's `done` marker
 appears, every still-running task must exit by itself (with 0) within `exit_grace_s`; then the exit task
 (finalize) runs with the final status SUCCEEDED and must exit 0.
+Output parameters: when a task exits 0, each output parameter its component declares is read from the file its
+container wrote (`workdir/kfp_outputs/<task key>/<name>`; a missing file fails the task, as the KFP launcher does),
+and every task that reads it is resolved again before it starts. The setup task's output `run_id` is the run the
+rehearsal then watches (its `done` marker) and reports: the KFP run id, or the resumed run's with `resume_run_id`.
 A leading `python`/`python3` becomes this interpreter and `torchrun` `python -m torch.distributed.run` (the images'
 interpreter is this venv here).
 
@@ -32,7 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asyncrl.cluster.rehearsal import RehearsalTask, load_compiled, resolve_parameters, task_commands
+from asyncrl.cluster.rehearsal import (
+    RehearsalError,
+    RehearsalTask,
+    load_compiled,
+    parse_output,
+    resolve_parameters,
+    task_commands,
+)
 from asyncrl.local.processes import Child, ProcessGroup
 from asyncrl.local.seaweed import EmbeddedS3
 from asyncrl.transport.auth import TOKEN_ENV, new_token
@@ -51,6 +62,7 @@ NOT_INHERITED = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKE
                  "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                  "TORCHELASTIC_RUN_ID", "ASYNCRL_ROLE_TOKEN")
 MAX_SHOWN_ARG = 160
+RUN_ID_OUTPUT = "run_id"  # the output parameter naming the run the roles drive (components/roles.py setup)
 
 
 class RehearsalFailed(RuntimeError):
@@ -59,7 +71,7 @@ class RehearsalFailed(RuntimeError):
 
 @dataclass
 class RehearsalResult:
-    run_id: str
+    run_id: str  # the run the roles drove: setup's output run_id (a resumed run's id), else the KFP run id
     run_url: str
     workdir: Path
     tasks: list[RehearsalTask]
@@ -70,6 +82,8 @@ class RehearsalResult:
     wall_s: float
     inspection: Any = None
     logs: dict[str, Path] = field(default_factory=dict)
+    kfp_run_id: str = ""
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def local_argv(command: Sequence[str], python: str = sys.executable) -> list[str]:
@@ -112,8 +126,11 @@ class _Run:
     """The processes of one rehearsal and the checks on them."""
 
     def __init__(self, tasks: list[RehearsalTask], workdir: Path, env: dict[str, str], store: S3Store,
-                 paths: RunPaths, echo: Callable[[str], None]) -> None:
+                 paths: RunPaths, echo: Callable[[str], None],
+                 resolve: Callable[[dict[str, dict[str, Any]]], list[RehearsalTask]], outputs_dir: Path) -> None:
         self.tasks, self.workdir, self.env, self.store, self.paths, self.echo = tasks, workdir, env, store, paths, echo
+        self.resolve, self.outputs_dir = resolve, outputs_dir
+        self.outputs: dict[str, dict[str, Any]] = {}
         self.group = ProcessGroup(workdir / "logs", env)
         self.children: dict[str, Child] = {}
         self.t0 = time.monotonic()
@@ -156,18 +173,46 @@ class _Run:
             self.echo(f"[{self.now():6.1f}s] exit  {t.name}: rc={rc}")
             if rc != 0:
                 raise self.fail(t, f"exited with code {rc}")
+            self.read_outputs(t)
+
+    def read_outputs(self, task: RehearsalTask) -> None:
+        """The output parameters `task` wrote, as the KFP launcher reads them; `run_id` switches the watched run."""
+        for name, kind in task.outputs.items():
+            path = self.outputs_dir / task.key / name
+            if not path.is_file():
+                raise self.fail(task, f"output parameter {name}: the container did not write {path}")
+            try:
+                value = parse_output(task.key, name, kind, path.read_text())
+            except RehearsalError as err:
+                raise self.fail(task, str(err)) from None
+            self.outputs.setdefault(task.key, {})[name] = value
+            self.echo(f"[{self.now():6.1f}s] output {task.name}.{name} = {value!r}")
+            if name == RUN_ID_OUTPUT:
+                self.paths = RunPaths(self.paths.prefix, str(value))
+
+    def ready(self, task: RehearsalTask) -> RehearsalTask:
+        """`task` with every output parameter it reads resolved (the pipeline is resolved again with the outputs
+        read so far; task keys do not change)."""
+        if not task.pending:
+            return task
+        fresh = {t.key: t for t in self.resolve(self.outputs)}
+        self.tasks = [fresh.get(t.key, t) if t.key not in self.children else t for t in self.tasks]
+        task = fresh[task.key]
+        if task.pending:
+            raise self.fail(task, f"reads output(s) {list(task.pending)} that no finished task wrote")
+        return task
 
     def run_body(self, timeout_s: float, exit_grace_s: float, poll_s: float) -> None:
-        body = [t for t in self.tasks if not t.is_exit]
         deadline = self.t0 + timeout_s
         while True:
+            body = [t for t in self.tasks if not t.is_exit]
             self.reap()
             finished = {t.key for t in body if t.name in self.ended}
             if len(finished) == len(body):
                 return
             for t in body:
                 if t.key not in self.children and all(d in finished for d in t.depends_on):
-                    self.start(t)
+                    self.start(self.ready(t))
             if self.done_at is None and self.store.exists(self.paths.done()):
                 self.done_at = self.now()
                 self.echo(f"[{self.done_at:6.1f}s] the run's done marker appeared; every task must now exit by "
@@ -183,7 +228,8 @@ class _Run:
             time.sleep(poll_s)
 
     def run_exit(self, timeout_s: float, poll_s: float) -> None:
-        for t in (t for t in self.tasks if t.is_exit):
+        for t in [t for t in self.tasks if t.is_exit]:
+            t = self.ready(t)
             self.start(t)
             deadline = time.monotonic() + timeout_s
             while t.name not in self.ended:
@@ -202,7 +248,7 @@ def rehearse(yaml_path: Path | str, params: Mapping[str, Any] | None = None, *, 
     module docstring. `inspect(store, paths)` runs before the S3 server stops; its value is in the result."""
     spec, platform = load_compiled(yaml_path)
     resolved = resolve_parameters(spec, params)
-    run_id = run_id or str(uuid.uuid4())  # the form of a KFP run id
+    kfp_run_id = run_id or str(uuid.uuid4())  # the form of a KFP run id
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     say = echo or (lambda msg: log.info("%s", msg))
@@ -215,27 +261,34 @@ def rehearse(yaml_path: Path | str, params: Mapping[str, Any] | None = None, *, 
             secrets = {S3_SECRET: {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key},
                        ROLE_TOKEN_SECRET: {TOKEN_ENV: new_token()}}
             config_maps = {ENDPOINTS_CONFIG_MAP: {"AWS_ENDPOINT_URL": s3.endpoint_url}}
-            tasks = task_commands(spec, platform, resolved, run_id, secrets=secrets, config_maps=config_maps,
-                                  final_state="SUCCEEDED", outputs_dir=str(workdir / "kfp_outputs"))
+            outputs_dir = workdir / "kfp_outputs"
+
+            def resolve(outputs: dict[str, dict[str, Any]]) -> list[RehearsalTask]:
+                return task_commands(spec, platform, resolved, kfp_run_id, secrets=secrets, config_maps=config_maps,
+                                     final_state="SUCCEEDED", outputs_dir=str(outputs_dir), outputs=outputs,
+                                     defer_outputs=True)
+
+            tasks = resolve({})
             bucket, prefix = str(resolved.get("s3_bucket", "asyncrl")), str(resolved.get("s3_prefix", "runs"))
             store = _store(s3, bucket)
             store.ensure_bucket()
-            paths = RunPaths(prefix, run_id)
-            say(f"rehearsal of {yaml_path}: run id {run_id}, S3 {s3.endpoint_url}, {len(tasks)} tasks, "
+            paths = RunPaths(prefix, kfp_run_id)
+            say(f"rehearsal of {yaml_path}: run id {kfp_run_id}, S3 {s3.endpoint_url}, {len(tasks)} tasks, "
                 f"logs in {workdir / 'logs'}")
-            run = _Run(tasks, workdir, base_env(workdir, rpc_dir, cache), store, paths, say)
+            run = _Run(tasks, workdir, base_env(workdir, rpc_dir, cache), store, paths, say, resolve, outputs_dir)
             try:
                 run.run_body(timeout_s, exit_grace_s, poll_s)
                 run.run_exit(exit_task_timeout_s, poll_s)
-                inspection = inspect(store, paths) if inspect is not None else None
+                inspection = inspect(store, run.paths) if inspect is not None else None
             finally:
                 run.group.stop_all(grace_s=10.0)
                 store.close()
         codes = {c.name: int(c.proc.returncode) for c in run.group.children}
-        return RehearsalResult(run_id=run_id, run_url=f"s3://{bucket}/{paths.root}", workdir=workdir, tasks=tasks,
-                               exit_codes=codes, started_s=run.started, ended_s=run.ended, done_s=run.done_at,
-                               wall_s=time.monotonic() - t0, inspection=inspection,
-                               logs={c.name: c.log_path for c in run.group.children})
+        return RehearsalResult(run_id=run.paths.run_id, run_url=f"s3://{bucket}/{run.paths.root}", workdir=workdir,
+                               tasks=run.tasks, exit_codes=codes, started_s=run.started, ended_s=run.ended,
+                               done_s=run.done_at, wall_s=time.monotonic() - t0, inspection=inspection,
+                               logs={c.name: c.log_path for c in run.group.children}, kfp_run_id=kfp_run_id,
+                               outputs=run.outputs)
     finally:
         shutil.rmtree(rpc_dir, ignore_errors=True)
 

@@ -1,6 +1,7 @@
-"""The pipeline's `setup` step: validate the run configuration and write it to S3 under the KFP run id.
+"""The pipeline's `setup` step: validate the run configuration and write it to S3 under the KFP run id, or resume.
 
     python -m asyncrl.cluster.setup --bucket B --prefix P --run-id RUN --config-yaml "..." [--set k=v ...]
+        [--resume-run-id OLD] [--run-id-output FILE]
 
 The configuration is the YAML text (may be empty: the defaults) plus `--set` overrides, exactly as
 `asyncrl run` reads it; `run_id` is forced to the KFP run id so every role finds it at
@@ -9,7 +10,12 @@ same configuration already there succeeds, a different one is an error (a run's 
 With a tracking URI configured, it also opens the run's MLflow run, tagged with the KFP run id, the `tags` given
 (image tags) and the git revision the image was built from (`ASYNCRL_GIT_REVISION`); a `MLFLOW_RUN_ID` that KFP
 injects is reused. The run is recorded in `tracking.json`.
-Exits 2 with a message naming the bad field on an invalid configuration; nothing is written then.
+With `--resume-run-id OLD` (the pipeline parameter `resume_run_id`) no run is created: run OLD under the same
+bucket/prefix is checked and rewound to its last committed checkpoint and its MLflow run re-attached
+(`asyncrl.cluster.resume`); the configuration given must be OLD's (only `training.steps` may grow).
+The run id the roles drive (RUN, or OLD when resuming) is written to `--run-id-output` (the KFP output parameter
+`run_id`, which every role task reads).
+Exits 2 with a message naming the bad field on an invalid configuration or a refused resume; nothing is written then.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from asyncrl.cluster.resume import reattach_tracking, resume_run
 from asyncrl.config import ConfigError, RunConfig, load_config
+from asyncrl.local.resume import ResumeError
 from asyncrl.transport.run_layout import RunPaths, run_url
 from asyncrl.transport.s3 import ObjectExists, S3Store
 
@@ -111,7 +119,10 @@ def main(argv: list[str] | None = None) -> None:
                    "rollout.num_writers")
     p.add_argument("--overrides-json", default="[]", help="more overrides as a JSON list (a KFP list parameter)")
     p.add_argument("--tags-json", default="[]", help="more tags as a JSON list of KEY=VALUE")
-    p.add_argument("--output", default="", help="file to write the run URL to (a KFP output parameter)")
+    p.add_argument("--resume-run-id", default="", help="resume this run instead of creating one (empty: a new run "
+                   "under the KFP run id)")
+    p.add_argument("--run-id-output", default="", help="file to write the run id the roles drive to (the KFP "
+                   "output parameter run_id)")
     args = p.parse_args(argv)
     endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
     if not endpoint:
@@ -129,29 +140,44 @@ def main(argv: list[str] | None = None) -> None:
         overrides.append(f"env.name={args.env_name}")
     overrides = [*overrides, *extra_overrides, f"storage.bucket={args.bucket}", f"storage.prefix={args.prefix}",
                  f"storage.endpoint_url={endpoint}"]
+    run_id = args.resume_run_id or args.run_id
     try:
-        cfg = resolve_config(args.config_yaml, overrides, args.run_id)
+        RunPaths(args.prefix, run_id)
+    except ValueError as err:
+        print(f"setup: {'--resume-run-id' if args.resume_run_id else '--run-id'}: {err}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        cfg = resolve_config(args.config_yaml, overrides, run_id)
     except ConfigError as err:
         print(f"setup: {err}", file=sys.stderr)
         sys.exit(2)
     store = S3Store(endpoint, cfg.storage.bucket, region=cfg.storage.region, timeout_s=30.0)
     paths = RunPaths(cfg.storage.prefix, cfg.run_id)
     url = run_url(cfg.storage.bucket, cfg.storage.prefix, cfg.run_id)
-    try:
-        written = write_config(store, paths, cfg)
-    except ValueError as err:
-        print(f"setup: {err}", file=sys.stderr)
-        sys.exit(2)
     tags = dict(t.split("=", 1) for t in [*args.tag, *extra_tags] if "=" in t)
     if os.environ.get("ASYNCRL_GIT_REVISION"):  # baked into the images by `make images`
         tags.setdefault("git.revision", os.environ["ASYNCRL_GIT_REVISION"])
-    mlflow_run = open_tracking(store, paths, cfg, url, {"kfp.run_id": cfg.run_id, **tags})
-    summary: dict[str, Any] = {"run_url": url, "written": written, "mlflow_run_id": mlflow_run}
+    summary: dict[str, Any] = {"run_id": cfg.run_id, "run_url": url}
+    if args.resume_run_id:
+        try:
+            resumed = resume_run(store, paths, cfg, args.run_id, tags)
+        except ResumeError as err:
+            print(f"setup: {err}", file=sys.stderr)
+            sys.exit(2)
+        summary.update(resumed_from=resumed.point.version, lost_steps=resumed.point.lost_steps,
+                       mlflow_run_id=reattach_tracking(store, paths, resumed))
+    else:
+        try:
+            written = write_config(store, paths, cfg)
+        except ValueError as err:
+            print(f"setup: {err}", file=sys.stderr)
+            sys.exit(2)
+        mlflow_run = open_tracking(store, paths, cfg, url, {"kfp.run_id": cfg.run_id, **tags})
+        summary.update(written=written, mlflow_run_id=mlflow_run)
     print(json.dumps(summary))
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(url)
-
+    if args.run_id_output:
+        Path(args.run_id_output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.run_id_output).write_text(cfg.run_id)
 
 if __name__ == "__main__":
     main()

@@ -17,6 +17,10 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+JSONL_MIN_PROMPT_TOKENS = 2
+"""A jsonl prompt's fewest tokens (BOS + at least one): what `TaskConfig.max_prompt_tokens` can promise unread."""
+
+
 class TinyModelConfig(_Section):
     """The built-in Qwen2-architecture model, built locally and warm-started by SFT."""
 
@@ -42,17 +46,40 @@ class ModelConfig(_Section):
 
 
 class TaskConfig(_Section):
-    """The verifiable single-turn task."""
+    """The verifiable single-turn task: the built-in arithmetic problems, or the user's own JSON Lines files.
 
-    name: Literal["arithmetic"] = "arithmetic"
-    num_train: int = Field(1600, ge=1, description="Train problems; capped (with a warning) at all problems not in the eval split.")
-    num_eval: int = Field(200, ge=1, description="Held-out problems, disjoint from train.")
+    Invariants: name "jsonl" has both train_path and eval_path; name "arithmetic" has neither (the arithmetic fields
+    max_operand, operations and seed are ignored by jsonl). The files themselves are checked before a run starts
+    (`asyncrl.tasks.dataset_check`), not here: a role re-validates this config on a machine without them.
+    """
+
+    name: Literal["arithmetic", "jsonl"] = Field(
+        "arithmetic", description="arithmetic: built-in integer problems; jsonl: your own problems from train_path "
+        "and eval_path.")
+    train_path: str = Field("", description="jsonl: local path of the train problems, a JSON Lines file of "
+                            "{\"prompt\", \"answer\"} (one object a line; bad rows are skipped and logged); "
+                            "answers are checked by exact match after stripping spaces.")
+    eval_path: str = Field("", description="jsonl: local path of the held-out problems, same format as train_path.")
+    num_train: int = Field(1600, ge=1, description="Train problems; capped (with a warning) at all problems not in the "
+                           "eval split (jsonl: the first num_train valid rows).")
+    num_eval: int = Field(200, ge=1, description="Held-out problems, disjoint from train (jsonl: the first num_eval "
+                          "valid rows).")
     max_operand: int = Field(29, ge=1, le=10**6, description="Operands are drawn from 0..max_operand.")
     operations: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+", "-"], min_length=1)
     seed: int = 1234
 
     @model_validator(mode="after")
     def _check_split_sizes(self) -> TaskConfig:
+        if self.name == "jsonl":
+            for key in ("train_path", "eval_path"):
+                if not getattr(self, key).strip():
+                    raise ValueError(f"task.{key}: expected the path of a JSON Lines file of {{\"prompt\", "
+                                     f"\"answer\"}} rows (task.name jsonl needs train_path and eval_path)")
+            return self
+        for key in ("train_path", "eval_path"):
+            if getattr(self, key):
+                raise ValueError(f"task.{key}: only for task.name jsonl (the {self.name} task generates its own "
+                                 f"problems); remove it or set task.name: jsonl, got {getattr(self, key)!r}")
         universe = (self.max_operand + 1) ** 2 * len(self.operations)
         if self.num_eval >= universe:
             raise ValueError(
@@ -62,7 +89,14 @@ class TaskConfig(_Section):
         return self
 
     def max_prompt_tokens(self) -> int:
-        """Longest prompt in tokens: BOS, two operands (a '-' sign is never in a prompt), operator, '='."""
+        """Longest prompt in tokens, a bound the config can know without reading files.
+
+        arithmetic (exact): BOS, two operands (a '-' sign is never in a prompt), operator, '='. jsonl: a lower bound,
+        BOS and one token (a prompt is never empty); which prompts really fit is checked per prompt with the model's
+        tokenizer before a run starts and when the environment role loads them (`asyncrl.tasks.prompt_fit`).
+        """
+        if self.name == "jsonl":
+            return JSONL_MIN_PROMPT_TOKENS
         return 1 + 2 * len(str(self.max_operand)) + 2
 
 
@@ -169,6 +203,9 @@ class GenerationConfig(_Section):
     cpu_threads: int = Field(1, ge=0, le=1024, description="vLLM CPU build: unpinned OpenMP threads per engine worker "
                              "(0: vLLM's automatic core binding).")
     seed: int = 0
+    max_restarts: int = Field(3, ge=0, le=100, description="Restarts of a generation server that died (the embedded "
+                              "launcher restarts it; on a cluster the pipeline's generation task retries its pod as "
+                              "often). A restarted server loads the latest committed weights from S3 and rejoins.")
 
 
 LossName = Literal["ppo", "decoupled_ppo", "tis", "cispo", "topr"]
@@ -414,7 +451,12 @@ class RunConfig(_Section):
                                  f"environment name it serves)")
             return
         if env.name not in registered():
-            raise ValueError(f"env.name: unknown environment {env.name!r}; expected one of {[*registered(), 'remote']}")
+            import difflib
+
+            known = [*registered(), "remote"]
+            close = difflib.get_close_matches(env.name, known, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"env.name: unknown environment {env.name!r}; expected one of {known}{hint}")
         try:
             make(env.name, **env.params)
         except ValueError as e:

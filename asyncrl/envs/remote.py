@@ -7,8 +7,12 @@ Protocol (JSON over HTTP, one session per episode):
   when the episode ends;
 - `POST /close` {session_id} → {}; `GET /health` → {sessions}.
 Unknown environments, bad parameters, unknown sessions and steps after the end get a 4xx with a message naming the
-problem. Requests are bounded (`MAX_ACTION_CHARS`, bodies over `MAX_BODY_BYTES` get 413). `RemoteEnvironment` implements `Environment` against such a
-server with a deadline on every call; users run heavy environments (browsers, containers) behind their own server
+problem: a body that is not the protocol (unknown fields, wrong types, a seed outside 64 bits) gets 422 naming the
+field, parameters the environment refuses at creation or at reset get 400 naming the environment, and an
+environment that raises on a step gets 500 naming the session (the session is closed; the server goes on).
+Requests are bounded (`MAX_ACTION_CHARS`, bodies over `MAX_BODY_BYTES` get 413, a body not complete within
+`--body-timeout-s` gets 408). `RemoteEnvironment` implements `Environment` against such a server with a deadline
+on every call; users run heavy environments (browsers, containers) behind their own server
 and point the adapter at it.
 
 Authentication: `python -m asyncrl.envs.remote` requires a bearer token from `ASYNCRL_ENV_TOKEN` on every route
@@ -19,15 +23,17 @@ Authentication: `python -m asyncrl.envs.remote` requires a bearer token from `AS
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
 import httpx
 from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from asyncrl.envs.base import EpisodeOver, StepResult, make
 from asyncrl.transport.auth import (
+    DEFAULT_BODY_TIMEOUT_S,
     ENV_SERVER_TOKEN_ENV,
     MissingTokenError,
     auth_headers,
@@ -39,27 +45,35 @@ MAX_ACTION_CHARS = 65_536
 MAX_SESSIONS = 4096
 MAX_BODY_BYTES = 1 << 20
 
+log = logging.getLogger(__name__)
 
-class ResetRequest(BaseModel):
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class ResetRequest(_Body):
     env: str = Field(min_length=1, max_length=128)
     params: dict[str, Any] = Field(default_factory=dict)
-    seed: int
+    seed: int = Field(ge=-(2**63), le=2**63 - 1)
 
 
-class StepRequest(BaseModel):
+class StepRequest(_Body):
     session_id: str = Field(min_length=1, max_length=64)
     action: str = Field(max_length=MAX_ACTION_CHARS)
 
 
-class CloseRequest(BaseModel):
+class CloseRequest(_Body):
     session_id: str = Field(min_length=1, max_length=64)
 
 
-def create_env_app(token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+def create_env_app(token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+                   body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> FastAPI:
     """The reference environment server (in-process environments, one per session); every route requires `token`
-    as a bearer token when it is given (None: open, for in-process tests); bodies are limited to `max_body_bytes`."""
+    as a bearer token when it is given (None: open, for in-process tests); bodies are limited to `max_body_bytes`
+    and must arrive within `body_timeout_s`."""
     app = FastAPI(title="asyncrl environment server")
-    secure_app(app, token, max_body_bytes, var=ENV_SERVER_TOKEN_ENV)
+    secure_app(app, token, max_body_bytes, var=ENV_SERVER_TOKEN_ENV, body_timeout_s=body_timeout_s)
     sessions: dict[str, Any] = {}
 
     @app.get("/health")
@@ -74,7 +88,12 @@ def create_env_app(token: str | None = None, max_body_bytes: int = MAX_BODY_BYTE
             env = make(req.env, **req.params)
         except ValueError as e:
             raise HTTPException(400, str(e)) from e
-        observation, info = await env.reset(req.seed)
+        try:
+            observation, info = await env.reset(req.seed)
+        except Exception as e:  # parameters the constructor let through but the episode cannot use
+            log.warning("reset of %r failed: %s: %s", req.env, type(e).__name__, e)
+            raise HTTPException(400, f"environment {req.env!r}: reset with params {sorted(req.params)} and seed "
+                                     f"{req.seed} failed: {type(e).__name__}: {str(e)[:300]}") from e
         sid = uuid.uuid4().hex
         sessions[sid] = env
         return {"session_id": sid, "observation": observation, "info": info}
@@ -89,6 +108,11 @@ def create_env_app(token: str | None = None, max_body_bytes: int = MAX_BODY_BYTE
         except EpisodeOver as e:
             sessions.pop(req.session_id, None)
             raise HTTPException(409, str(e)) from e
+        except Exception as e:  # the environment's own failure, not the request's: the session is closed
+            sessions.pop(req.session_id, None)
+            log.warning("step of session %s failed: %s: %s", req.session_id, type(e).__name__, e)
+            raise HTTPException(500, f"session_id {req.session_id!r}: the environment failed on this step "
+                                     f"({type(e).__name__}: {str(e)[:300]}); the session is closed") from e
         if r.done:
             sessions.pop(req.session_id, None)
         return {"observation": r.observation, "reward": r.reward, "terminated": r.terminated,
@@ -179,6 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--insecure-no-token", action="store_true",
                         help=f"serve without a bearer token (otherwise {ENV_SERVER_TOKEN_ENV} must be set)")
+    parser.add_argument("--body-timeout-s", type=float, default=DEFAULT_BODY_TIMEOUT_S,
+                        help="a request body must arrive in full within this many seconds (else 408)")
     args = parser.parse_args(argv)
     token: str | None = None
     if not args.insecure_no_token:
@@ -186,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
             token = require_token(var=ENV_SERVER_TOKEN_ENV)
         except MissingTokenError as e:
             raise SystemExit(f"asyncrl.envs.remote: {e} (or pass --insecure-no-token)") from None
-    uvicorn.run(create_env_app(token), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(create_env_app(token, body_timeout_s=args.body_timeout_s), host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,11 @@ log = logging.getLogger(__name__)
 WORKER_EXTENSION = "asyncrl.generation.worker_extension.WeightSyncExtension"
 
 
+# A worker RPC waits this much longer than the worker's own deadline (`timeout_s`): when the RPC gave up first,
+# the worker's late answer would stay in vLLM's response queue and be read as the answer to the next RPC.
+RPC_SLACK_S = 10.0
+
+
 @dataclass
 class EngineSettings:
     model: str
@@ -43,6 +48,7 @@ class EngineSettings:
     # CPU build: OpenMP threads per worker, not pinned (0: vLLM's auto binding, which pins every engine's worker
     # to the same cores and starves the API process and the other roles on a small machine)
     cpu_threads: int = 1
+    initial_version: int = 0  # the policy version of the weights in `model` (a restarted server: a checkpoint's)
 
 
 @dataclass
@@ -182,8 +188,17 @@ class GenerationEngine:
         )
         llm = AsyncLLM.from_engine_args(args)
         engine = cls(llm, settings)
-        await llm.update_weight_version("0")
+        await llm.update_weight_version(str(settings.initial_version))
+        engine.version = settings.initial_version
         return engine
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The model's vocabulary size as vLLM sees it (token ids must be below it); None when unknown."""
+        try:
+            return int(self.llm.model_config.get_vocab_size())
+        except (AttributeError, TypeError, ValueError):
+            return None
 
     # ---- requests -------------------------------------------------------------------------------------
     async def generate(self, p: GenerateParams) -> dict[str, Any]:
@@ -238,6 +253,10 @@ class GenerationEngine:
         finally:
             self._inflight.pop(p.request_id, None)
             self.counters.end(finished=finish_reason in ("stop", "length"))
+        if finish_reason == "abort" and self.failed:
+            # ended by a weight update that failed half-way, not by its client: its tokens may come from half-loaded
+            # weights, so none is returned; 503 tells the client to send the request to another server
+            raise EngineUnavailable(f"{self.failed} (request {p.request_id} ended by it)")
         if len(logprobs) != len(token_ids):
             raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(token_ids)} tokens")
         versions = token_versions_from_spans(spans, len(token_ids), start_version)
@@ -278,8 +297,9 @@ class GenerationEngine:
         """Every worker joins the trainer's group (the trainer must join concurrently)."""
         async with self._update_lock:
             await asyncio.wait_for(
-                self.llm.collective_rpc("init_weight_transfer_engine", timeout=timeout_s, kwargs={"init_info": info}),
-                timeout=timeout_s + 10,
+                self.llm.collective_rpc("init_weight_transfer_engine", timeout=timeout_s + RPC_SLACK_S,
+                                        kwargs={"init_info": info}),
+                timeout=timeout_s + 2 * RPC_SLACK_S,
             )
             self.weights_initialised = True
 
@@ -287,21 +307,22 @@ class GenerationEngine:
         """Pause (keep), receive the broadcast, load in place, reset the prefix cache, set version, resume."""
         if not self.weights_initialised:
             raise RuntimeError("weights: not initialised (POST /weights/init first)")
-        if version <= self.version:
-            raise ValueError(f"version: expected > current version {self.version}, got {version}")
+        if version < self.version:  # the same version again is allowed: a re-formed group re-sends the last push
+            raise ValueError(f"version: expected >= current version {self.version}, got {version}")
         async with self._update_lock:
             loop = asyncio.get_running_loop()
             t0 = loop.time()
             await self.llm.pause_generation(mode="keep", clear_cache=True)
             rpc = self.llm.collective_rpc
             try:
-                await asyncio.wait_for(rpc("start_weight_update", timeout=timeout_s), timeout=timeout_s + 10)
+                slack = timeout_s + RPC_SLACK_S
+                await asyncio.wait_for(rpc("start_weight_update", timeout=slack), timeout=slack + RPC_SLACK_S)
                 await asyncio.wait_for(
-                    rpc("update_weights", timeout=timeout_s,
+                    rpc("update_weights", timeout=slack,
                         kwargs={"update_info": {"version": version, "timeout_s": timeout_s}}),
-                    timeout=timeout_s + 10,
+                    timeout=slack + RPC_SLACK_S,
                 )
-                await asyncio.wait_for(rpc("finish_weight_update", timeout=timeout_s), timeout=timeout_s + 10)
+                await asyncio.wait_for(rpc("finish_weight_update", timeout=slack), timeout=slack + RPC_SLACK_S)
                 await self.llm.reset_prefix_cache(reset_running_requests=True)
                 await self.llm.update_weight_version(str(version))
             except BaseException as e:

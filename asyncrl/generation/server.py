@@ -8,7 +8,11 @@ Routes (DESIGN.md "Generation API" and "Weight sync"):
 - `POST /weights/init` {master_addr, master_port, rank, world_size, backend, timeout_s[, group_name]}
 - `POST /weights/update` {version[, timeout_s]} → {version, seconds}
 - `GET /weights/checksum` → {version, checksum, source, workers: [per-worker checksums]}
-Bad bodies get 422 (pydantic, naming the field) or 400 (engine-level checks, naming the field).
+Bad bodies get 422 naming the field (types are strict: no "3" for 3, no true for 1; no NaN or infinity; unknown
+fields refused; token ids within the model's vocabulary; max_tokens at most max_model_len) or 400 naming the
+limit when the prompt is too long for the model (more than max_model_len - 1 tokens) or prompt + max_tokens
+exceeds max_model_len. Nothing a client sends reaches the engine unchecked: an out-of-vocabulary token id would
+crash vLLM's engine (it validates ids only with a tokenizer, and this server runs without one).
 Every route needs `Authorization: Bearer $ASYNCRL_ROLE_TOKEN` (401 without, 403 wrong: `asyncrl.transport.auth`) and
 bodies are limited to `MAX_BODY_BYTES` (413); `run_server` refuses to start without the token unless told
 `insecure_no_token=True` (`--insecure-no-token`, for tests on loopback only).
@@ -29,10 +33,11 @@ import os
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import uvicorn
 from fastapi import FastAPI, HTTPException
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from asyncrl.generation.engine import (
@@ -50,20 +55,23 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 << 20  # a /generate body of MAX_PROMPT_TOKENS ids is well under this
 MAX_PROMPT_TOKENS = 1 << 20
 MAX_STOP_TOKENS = 4096
+MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds
+
+TokenId = Annotated[int, Field(ge=0)]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class GenerateRequest(_Body):
     request_id: str = Field(min_length=1, max_length=256)
-    prompt_token_ids: list[int] = Field(min_length=1, max_length=MAX_PROMPT_TOKENS)
+    prompt_token_ids: list[TokenId] = Field(min_length=1, max_length=MAX_PROMPT_TOKENS)
     max_tokens: int = Field(ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
-    stop_token_ids: list[int] = Field(default_factory=list, max_length=MAX_STOP_TOKENS)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=MAX_STOP_TOKENS)
     min_tokens: int = Field(0, ge=0)  # EOS and stop_token_ids cannot end the request before this many tokens
     ignore_eos: bool = False  # the model's EOS does not end the request (stop_token_ids still do)
 
@@ -95,14 +103,44 @@ class WeightsUpdateRequest(_Body):
     timeout_s: float = Field(300.0, gt=0)
 
 
+def _field_error(field: str | tuple[str | int, ...], msg: str) -> RequestValidationError:
+    loc = (field,) if isinstance(field, str) else field
+    return RequestValidationError([{"type": "value_error", "loc": ("body", *loc), "msg": msg}])
+
+
+def check_against_model(req: GenerateRequest, max_model_len: int, vocab_size: int | None) -> None:
+    """Pure: the checks that need the model's limits. A 422 (`RequestValidationError`) for a field that is wrong
+    whatever the rest of the request (an out-of-vocabulary id, max_tokens over max_model_len); a 400
+    (`HTTPException`) naming the limit for a prompt too long for the model, or prompt + max_tokens over it."""
+    if vocab_size is not None:
+        for name, ids in (("prompt_token_ids", req.prompt_token_ids), ("stop_token_ids", req.stop_token_ids)):
+            bad = next((i for i, t in enumerate(ids) if t >= vocab_size), None)
+            if bad is not None:
+                raise _field_error((name, bad), f"expected a token id < the model's vocabulary size {vocab_size}, "
+                                                f"got {ids[bad]}")
+    if req.max_tokens > max_model_len:
+        raise _field_error("max_tokens", f"expected at most max_model_len {max_model_len}, got {req.max_tokens}")
+    n = len(req.prompt_token_ids)
+    if n > max_model_len - 1:
+        raise HTTPException(400, f"prompt_token_ids: the prompt has {n} tokens, expected at most max_model_len - 1 "
+                                 f"= {max_model_len - 1} (room for one new token)")
+    if n + req.max_tokens > max_model_len:
+        raise HTTPException(400, f"max_tokens: prompt ({n} tokens) + max_tokens ({req.max_tokens}) exceeds "
+                                 f"max_model_len {max_model_len}; expected max_tokens <= {max_model_len - n}")
+
+
 def create_app(engine: GenerationEngine, token: str | None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """The generation API over `engine`; every route requires `token` as a bearer token (None: no check, only for
     an explicitly insecure server) and bodies are limited to `max_body_bytes`."""
     app = FastAPI(title="asyncrl generation server")
     secure_app(app, token, max_body_bytes)
+    vocab_size = getattr(engine, "vocab_size", None)  # None: an engine without a vLLM model config (unit tests)
+    if vocab_size is None:
+        log.warning("generation server: the engine does not report its vocabulary size; token ids are not checked")
 
     @app.post("/generate")
     async def generate(req: GenerateRequest) -> dict[str, Any]:
+        check_against_model(req, engine.settings.max_model_len, vocab_size)
         try:
             return await engine.generate(GenerateParams(**req.model_dump()))
         except RequestConflict as e:

@@ -27,6 +27,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -39,7 +40,7 @@ from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.roles.context import base_url, wait_for_rendezvous
 from asyncrl.rollout.agentic_eval import evaluate_agentic
 from asyncrl.rollout.evaluation import evaluate
-from asyncrl.tasks.arithmetic import load_split
+from asyncrl.tasks.datasets import load_split
 from asyncrl.tracking.mlflow_tracker import Tracker, embedded_tracking_uri, flatten_params
 from asyncrl.transport.auth import TOKEN_ENV, auth_headers, new_token
 from asyncrl.transport.run_layout import RunPaths, run_url
@@ -162,10 +163,19 @@ class EmbeddedRun:
 
     # ---- monitoring ----------------------------------------------------------------------------------
     def check_children(self) -> None:
+        """Fail the run when a role failed; a generation server that died is restarted instead, up to
+        `generation.max_restarts` times (the run goes on without it meanwhile; see asyncrl.roles.weight_group)."""
         assert self.procs is not None
         bad = self.procs.failed()
-        if bad is not None:
-            raise RunFailed(f"role {bad.name} exited with code {bad.proc.returncode}; log {bad.log_path}:\n{bad.tail()}")
+        if bad is None:
+            return
+        limit = self.cfg.generation.max_restarts
+        if bad.name.startswith("generation-") and bad.restarts < limit:
+            _print(f"{bad.name} exited with code {bad.proc.returncode}: restarting it ({bad.restarts + 1}/{limit}); "
+                   f"log {bad.log_path}")
+            self.procs.restart(bad)
+            return
+        raise RunFailed(f"role {bad.name} exited with code {bad.proc.returncode}; log {bad.log_path}:\n{bad.tail()}")
 
     def wait_roles(self, store: S3Store, role: str, count: int) -> list[dict[str, Any]]:
         deadline = time.monotonic() + self.cfg.timeouts.startup_s
@@ -295,6 +305,7 @@ class EmbeddedRun:
             procs.start(f"environment-{w}", "asyncrl.roles.environment", [*common, "--id", f"env{w}"])
         latest = self.follow(store)
         train_wall = time.monotonic() - t_train
+        gen_docs = final_group(latest) or gen_docs  # the servers that got the last push (restarts move them)
 
         after = self.evaluate(gen_docs, tokenizer, "eval-after") if cfg.eval_before_after else None
         if after:
@@ -326,6 +337,8 @@ class EmbeddedRun:
             "weights_in_sync": in_sync,
             "server_checksums": checksums,
             "num_generation_servers": cfg.generation.num_servers,
+            "generation_restarts": sum(c.restarts for c in procs.children if c.name.startswith("generation-")),
+            "weight_group_epoch": int(latest.get("weight_group", {}).get("epoch", 0)),
         }
         if not in_sync:
             raise RunFailed(f"generation servers' weights differ from the trainer's: {checksums} vs {latest.get('checksum')}")
@@ -337,6 +350,17 @@ class EmbeddedRun:
         store.put_json(f"{self.paths.root}/run_summary.json", summary)
         _print(json.dumps(summary, indent=2))
         return summary
+
+
+def final_group(latest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The generation servers of the trainer's last weight group (`weight_group` of versions/latest.json), as
+    rendezvous-like documents: the servers that hold the final weights. A server that restarted after the last push
+    is not among them (it serves the last committed checkpoint)."""
+    out = []
+    for s in latest.get("weight_group", {}).get("servers", []):
+        url = urlsplit(str(s["url"]))
+        out.append({"id": s["id"], "host": url.hostname, "port": url.port, "epoch": s.get("epoch", 0)})
+    return out
 
 
 def run_embedded(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:

@@ -25,6 +25,9 @@ class Child:
     name: str
     proc: subprocess.Popen
     log_path: Path
+    module: str = ""
+    args: tuple[str, ...] = ()
+    restarts: int = 0
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -54,7 +57,7 @@ class ProcessGroup:
             env=self.env, start_new_session=True,
         )
         out.close()
-        child = Child(name, proc, log_path)
+        child = Child(name, proc, log_path, module, tuple(args))
         self.children.append(child)
         log.info("started %s (pid %d), log %s", name, proc.pid, log_path)
         return child
@@ -66,6 +69,17 @@ class ProcessGroup:
             if rc not in (None, 0):
                 return c
         return None
+
+    def restart(self, child: Child) -> Child:
+        """Start an exited child again with the same module and arguments (its log continues); what is left of its
+        session (an engine core whose parent died) is killed first."""
+        if child.alive():
+            raise ValueError(f"restart: {child.name} is still running")
+        _signal_group(child.proc.pid, signal.SIGKILL)
+        self.children.remove(child)
+        fresh = self.start(child.name, child.module, list(child.args))
+        fresh.restarts = child.restarts + 1
+        return fresh
 
     def stop(self, child: Child, grace_s: float = 25.0) -> None:
         if child.alive():

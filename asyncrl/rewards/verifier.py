@@ -1,4 +1,4 @@
-"""Rule-based reward for the built-in tasks: exact match of the response against the answer.
+"""Rule-based reward for the single-turn tasks (arithmetic, jsonl): exact match of the response against the answer.
 
 Owns `score`, the function the reward role serves. Pure: no I/O, no model.
 
@@ -6,6 +6,7 @@ Invariants:
 - the response is cut at the first end-of-sequence marker (EOS_TEXT) if there is one; spaces are
   stripped from both ends of what remains and of the answer;
 - reward is 1.0 iff what remains equals the answer exactly, else 0.0 (never partial credit);
+- one rule for every task in KNOWN_TASKS: a jsonl row's answer is matched exactly like an arithmetic answer;
 - an unknown task name raises ValueError naming it.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 EOS_TEXT = "<eos>"
 """The end-of-sequence token's text, as the built-in tokenizer writes it (asyncrl.models.tokenizer)."""
 
-KNOWN_TASKS = ("arithmetic",)
+KNOWN_TASKS = ("arithmetic", "jsonl")
 
 
 def parse_response(response_text: str) -> str:

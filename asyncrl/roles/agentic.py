@@ -29,7 +29,8 @@ from asyncrl.envs.hang import ProgressWatch
 from asyncrl.models.chat import ChatFormat
 from asyncrl.roles.context import RoleContext, instance_index
 from asyncrl.roles.environment import EnvironmentRunner, sample_seed
-from asyncrl.rollout.clients import GenerationClient, RemoteError, RewardClient
+from asyncrl.roles.generation_servers import GenerationServers, log_lost
+from asyncrl.rollout.clients import RemoteError, RewardClient
 from asyncrl.rollout.multiturn import MultiTurnTrajectory
 from asyncrl.rollout.scheduler import Decision, DropGroup, DropSample, EmitGroup, Start
 from asyncrl.types import Group, Sample
@@ -66,7 +67,7 @@ class _Episode:
 class AgenticRunner(EnvironmentRunner):
     """One environment writer on an agentic task (see the module docstring)."""
 
-    def __init__(self, ctx: RoleContext, gens: list[GenerationClient], reward: RewardClient) -> None:
+    def __init__(self, ctx: RoleContext, gens: GenerationServers, reward: RewardClient) -> None:
         super().__init__(ctx, gens, reward)
         env = self.cfg.env
         assert env is not None
@@ -199,11 +200,20 @@ class AgenticRunner(EnvironmentRunner):
                      self.cfg.generation.max_model_len - len(traj.context_ids))
         if budget <= 0:
             raise RemoteError(f"episode {d.group_id}/{d.sample_index}: no token budget left in the context")
-        out = await self.gens[d.server].generate(
-            d.request_id, traj.context_ids, max_tokens=budget, temperature=ro.temperature, top_p=ro.top_p,
-            seed=sample_seed(self.cfg.generation.seed + 1009 * d.turn, level.seq, d.sample_index,
-                             ro.samples_per_prompt),
-            stop_token_ids=[self.eos_id], timeout_s=ro.request_timeout_s)
+        try:
+            out = await self.gens[d.server].generate(
+                d.request_id, traj.context_ids, max_tokens=budget, temperature=ro.temperature, top_p=ro.top_p,
+                seed=sample_seed(self.cfg.generation.seed + 1009 * d.turn, level.seq, d.sample_index,
+                                 ro.samples_per_prompt),
+                stop_token_ids=[self.eos_id], timeout_s=ro.request_timeout_s)
+        except RemoteError as err:
+            if not err.server_unavailable:
+                raise
+            log_lost(d, err)  # re-sent elsewhere: the scheduler's Start continues this turn
+            await self.apply(self.sched.request_lost(d.group_id, d.sample_index))
+            while self.sched.is_parked(d.group_id, d.sample_index):  # every server is down: wait for one back
+                await asyncio.sleep(0.2)
+            return True
         traj.add_generated(out.token_ids, out.logprobs, out.token_versions, out.start_version)
         aborted = out.finish_reason == "abort"
         if not aborted and not out.token_ids:

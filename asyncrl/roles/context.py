@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import os
+import signal
 import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from dataclasses import dataclass
@@ -54,6 +56,7 @@ def setup_logging(level: str, role: str, role_id: str) -> None:
     )
     for noisy in ("botocore", "urllib3", "httpx", "httpcore", "uvicorn.access", "s3transfer"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: every thread's stack to the log
 
 
 def apply_network_env(cfg: RunConfig, environ: MutableMapping[str, str]) -> None:
@@ -122,15 +125,20 @@ class RoleContext:
         return await watch_run(self.store, self.paths, poll_s=t.heartbeat_s, first_s=t.rendezvous_s, peer_s=t.peer_s)
 
 
-def poll_rendezvous(store: S3Store, paths: RunPaths, role: str, count: int) -> list[dict[str, Any]] | None:
-    """One look: the documents of the first `count` published instances of `role` ordered by id, or None."""
+def poll_rendezvous(store: S3Store, paths: RunPaths, role: str, count: int,
+                    every: bool = False) -> list[dict[str, Any]] | None:
+    """One look: the documents of the first `count` published instances of `role` ordered by id, or None
+    (`every`: all the published ones, however many). A withdrawn document (no address) is not published."""
     keys = store.list_keys(paths.rendezvous_prefix(role))
     docs = []
     for key in sorted(keys):
         doc = store.get_json(key)
         if isinstance(doc, dict) and "host" in doc and "port" in doc:
             docs.append({**doc, "id": key.rsplit("/", 1)[-1].removesuffix(".json")})
-    return sorted(docs, key=lambda d: d["id"])[:count] if len(docs) >= count else None
+    docs.sort(key=lambda d: d["id"])
+    if every:
+        return docs
+    return docs[:count] if len(docs) >= count else None
 
 
 def _rendezvous_timeout(paths: RunPaths, role: str, count: int, timeout_s: float) -> TimeoutError:

@@ -37,8 +37,9 @@ from asyncrl.roles.context import (
     stop_when_over,
     wait_for_rendezvous_async,
 )
+from asyncrl.roles.generation_servers import GenerationServers, log_lost
 from asyncrl.roles.liveness import RunOver
-from asyncrl.rollout.clients import Generated, GenerationClient, RemoteError, RewardClient
+from asyncrl.rollout.clients import Generated, RemoteError, RewardClient
 from asyncrl.rollout.scheduler import (
     Abort,
     Decision,
@@ -49,7 +50,9 @@ from asyncrl.rollout.scheduler import (
     Start,
 )
 from asyncrl.rollout.workload import decode_budget, loss_mask_to_first_eos, server_rates
-from asyncrl.tasks.arithmetic import Problem, load_split
+from asyncrl.tasks.arithmetic import Problem
+from asyncrl.tasks.datasets import load_split
+from asyncrl.tasks.prompt_fit import prompts_that_fit
 from asyncrl.transport.groups import GroupWriter
 from asyncrl.types import Group, Sample
 
@@ -127,7 +130,7 @@ def restart_losses(ctx: RoleContext, written_before: int) -> int:
 class EnvironmentRunner:
     """Owns the scheduler, the in-flight requests and the group writer of one environment instance."""
 
-    def __init__(self, ctx: RoleContext, gens: list[GenerationClient], reward: RewardClient) -> None:
+    def __init__(self, ctx: RoleContext, gens: GenerationServers, reward: RewardClient) -> None:
         cfg: RunConfig = ctx.cfg
         self.ctx, self.cfg, self.gens, self.reward = ctx, cfg, gens, reward
         self.writer = GroupWriter(ctx.store, ctx.paths, ctx.role_id)
@@ -140,6 +143,9 @@ class EnvironmentRunner:
         self.problems = load_split(cfg.task, "train")
         self.tokenizer = load_tokenizer(resolve_model_path(cfg))
         self.eos_id = int(self.tokenizer.eos_token_id)
+        self.skipped_long_prompts = 0
+        if cfg.env is None:  # an agentic writer builds its prompts from the environment instead
+            self.problems, self.skipped_long_prompts = prompts_that_fit(cfg, self.tokenizer, self.problems)
         self.prompts = prompt_stream(len(self.problems), cfg.task.seed + 7919 * instance_index(ctx.role_id))
         for _ in range(before):
             next(self.prompts)
@@ -213,6 +219,10 @@ class EnvironmentRunner:
             else:  # a resubmit raced the end of the request: nothing left to decode
                 out = Generated([], [], [], traj.finish_reason if ended else "length", traj.start_version or 0)
         except RemoteError as err:
+            if err.server_unavailable:  # the server is gone or cannot serve: re-send the request elsewhere
+                log_lost(d, err)
+                await self.apply(self.sched.request_lost(d.group_id, d.sample_index))
+                return
             self._count_failure("generate", d, err)
             await self.apply(self.sched.sample_failed(d.group_id, d.sample_index))
             return
@@ -279,6 +289,9 @@ class EnvironmentRunner:
             "rollout/live_groups": counts["live_groups"], "rollout/version": self.sched.version,
             "rollout/reward_retries": self.reward.retries,
             "rollout/score_failed_samples": self.failures.get("score", 0),
+            "rollout/lost_requests": s.requests_lost, "rollout/lost_servers": s.servers_lost,
+            "rollout/returned_servers": s.servers_returned, "rollout/down_servers": len(self.sched.servers_down),
+            "rollout/skipped_long_prompts": self.skipped_long_prompts,
         }
         if self._health is not None:
             for i, rates in enumerate(server_rates(self._health, health)):
@@ -320,6 +333,8 @@ class EnvironmentRunner:
             if await asyncio.to_thread(self.ctx.is_done):
                 break
             await self.follow_trainer()
+            for server in await self.gens.returned(self.sched.servers_down, self.sched.min_trainable_version()):
+                await self.apply(self.sched.server_returned(server))
             await self.apply(self.admit())
             if self.tasks:
                 await asyncio.wait(self.tasks, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
@@ -348,7 +363,7 @@ async def run_environment(ctx: RoleContext) -> None:
     reward_docs = await wait_for_rendezvous_async(ctx.store, ctx.paths, "reward", 1, wait_s)
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
     async with httpx.AsyncClient(limits=limits) as client:
-        gens = [GenerationClient(base_url(d), client, cfg.timeouts.http_s) for d in gen_docs]
+        gens = GenerationServers(ctx, client, gen_docs, cfg.timeouts.http_s)
         reward = RewardClient(base_url(reward_docs[0]), client, cfg.timeouts.http_s,
                               attempts=cfg.rollout.reward_attempts)
         if cfg.env is not None:

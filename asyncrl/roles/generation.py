@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+from pathlib import Path
+
+from safetensors.torch import save_file
 
 from asyncrl.generation.engine import EngineSettings, GenerationEngine
 from asyncrl.generation.server import run_server
@@ -26,6 +30,7 @@ from asyncrl.roles.context import (
 )
 from asyncrl.roles.liveness import Heartbeat, RunOver
 from asyncrl.transport.auth import MissingTokenError, require_token
+from asyncrl.transport.checkpoints import latest_committed_version, load_checkpoint_tensors
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,26 @@ async def serve(ctx: RoleContext, settings: EngineSettings, host: str, advertise
     return over[0] if over else None
 
 
+def model_at_latest_checkpoint(ctx: RoleContext, model: Path) -> tuple[Path, int]:
+    """The model folder to start from and its policy version: `model` at version 0 while the run has no committed
+    checkpoint; else a copy of `model`'s config and tokenizer files with the newest committed checkpoint's weights
+    (`checkpoints/<v>/model.safetensors`, verified against COMMITTED), at version v. A server that restarts mid-run
+    thus serves the trainer's weights of at most `checkpoint_every` steps ago until the trainer's next push."""
+    version = latest_committed_version(ctx.store, ctx.paths)
+    if not version:
+        return model, 0
+    tensors = load_checkpoint_tensors(ctx.store, ctx.paths, version, "model")
+    folder = Path(ctx.cfg.cache_dir) / "generation-checkpoints" / ctx.cfg.run_id / f"{ctx.role_id}-v{version}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for f in model.iterdir():
+        if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json", ".bin", ".pt")):
+            shutil.copy2(f, folder / f.name)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    log.info("starting from committed checkpoint %d (%d tensors)", version, len(tensors))
+    return folder, version
+
+
 def main(argv: list[str] | None = None) -> None:
     args = role_arg_parser("generation").parse_args(argv)
     setup_logging(args.log_level, "generation", args.id)
@@ -55,10 +80,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"generation[{args.id}]: {err}") from None
     ctx = RoleContext.from_args("generation", args)
     g = ctx.cfg.generation
+    model, version = model_at_latest_checkpoint(ctx, resolve_model_path(ctx.cfg))
     settings = EngineSettings(
-        model=str(resolve_model_path(ctx.cfg)), max_model_len=g.max_model_len, kv_cache_gib=g.kv_cache_gib,
+        model=str(model), max_model_len=g.max_model_len, kv_cache_gib=g.kv_cache_gib,
         max_num_seqs=g.max_num_seqs, seed=g.seed + instance_index(args.id),
-        dtype="float32", cpu_threads=g.cpu_threads,
+        dtype="float32", cpu_threads=g.cpu_threads, initial_version=version,
     )
     with ctx.heartbeat() as heartbeat:
         over = asyncio.run(serve(ctx, settings, args.host, advertised(args, ""), args.on_done, heartbeat))

@@ -29,7 +29,7 @@ from asyncrl.roles.context import (
     watched,
 )
 from asyncrl.roles.liveness import Heartbeat, RunOver
-from asyncrl.transport.auth import MissingTokenError, require_token, secure_app
+from asyncrl.transport.auth import DEFAULT_BODY_TIMEOUT_S, MissingTokenError, require_token, secure_app
 from asyncrl.transport.listen import bind_socket
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ MAX_TEXT_CHARS = 1 << 20  # prompt or response; the body limit bounds the metada
 
 
 class ScoreRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     task: str = Field(min_length=1, max_length=128)
     prompt: str = Field(max_length=MAX_TEXT_CHARS)
     response: str = Field(max_length=MAX_TEXT_CHARS)
@@ -52,11 +52,12 @@ class ScoreResponse(BaseModel):
 
 
 def create_app(stats: dict[str, int] | None = None, *, token: str | None,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> FastAPI:
     """The reward API; `stats` (updated in place: `scored`, `rejected`) is the role's heartbeat figures. Every
-    route requires `token` as a bearer token (None: no check, tests only); bodies are limited to `max_body_bytes`."""
+    route requires `token` as a bearer token (None: no check, tests only); bodies are limited to `max_body_bytes`
+    and must arrive within `body_timeout_s` (408). A body that is not a score request gets 422 naming the field."""
     app = FastAPI(title="asyncrl reward")
-    secure_app(app, token, max_body_bytes)
+    secure_app(app, token, max_body_bytes, body_timeout_s=body_timeout_s)
     stats = stats if stats is not None else {}
     stats.setdefault("scored", 0)
     stats.setdefault("rejected", 0)
@@ -109,7 +110,8 @@ async def serve(ctx: RoleContext, sock: socket.socket, advertise: str, on_done: 
         ctx.publish({"host": advertise or host, "port": port})
 
     async with watched(ctx, on_done, heartbeat, lambda: numeric_metrics(stats)) as (stop, over):
-        await serve_app(create_app(stats, token=token), sock, ready, stop)
+        app = create_app(stats, token=token, body_timeout_s=ctx.cfg.timeouts.http_s)
+        await serve_app(app, sock, ready, stop)
     return over[0] if over else None
 
 

@@ -6,7 +6,8 @@ One training step k (version k → k+1):
 2. train (`Learner`): GRPO advantages, or GAE on the critics' values (AsyPPO: mini-critics and their masks), the
    critics' update, and the configured policy loss with the engine's behaviour log-probs, one optimizer step
    (DeepSpeed; attention credit rescales advantages inside it);
-3. sync: broadcast the new weights in buckets to every generation server (they pause, load, resume);
+3. sync: broadcast the new weights in buckets to the generation servers of the weight group (they pause, load,
+   resume); a lost server leaves the group and a restarted one joins it (`asyncrl.roles.weight_group`);
 4. publish `versions/latest.json` (version, per-writer consumed counts, checksum, metrics), log to MLflow, and
    every `checkpoint_every` steps write a checkpoint (model, optimizer, cursors; `COMMITTED` last).
 On start it resumes from the newest committed checkpoint, if any. At the end it writes the run's `done` marker.
@@ -16,8 +17,9 @@ under torchrun. Rank 0 (the leader) alone reads S3 groups, runs the critic phase
 checkpoints and pushes weights; every rank runs the actor update on its share. The followers run `follow()`: they
 obey the leader's commands on the control channel (`asyncrl.training.distributed`):
 - "resume" (step = the checkpoint version, −1 for none): load that checkpoint from S3 (collective under ZeRO-3);
-- "step": the actor update (`Learner.follow_step`), then the same collective calls as the leader, in the same
-  order: the full weights after every step (for the push), optimizer then model state at checkpoint steps;
+- "step": the actor update (`Learner.follow_step`), then the same collective call as the leader: the full weights
+  (gathered for the push);
+- "checkpoint" (sent after the push, which may take long): optimizer then model state, as the leader saves them;
 - "stop": exit (the leader sends it at the end, and tries to when it fails between steps).
 Each command says how long the followers may wait for the next one (`next_wait_s`); a missed deadline is an error.
 
@@ -37,8 +39,9 @@ import torch
 
 from asyncrl.models.tiny import resolve_model_path
 from asyncrl.models.tokenizer import load_tokenizer
-from asyncrl.roles.context import RoleContext, base_url, role_arg_parser, setup_logging
+from asyncrl.roles.context import RoleContext, role_arg_parser, setup_logging
 from asyncrl.roles.role_metrics import read_role_metrics
+from asyncrl.roles.weight_group import WeightGroup
 from asyncrl.tracking.mlflow_tracker import Tracker
 from asyncrl.training.batch import build_batch
 from asyncrl.training.distributed import Command
@@ -54,7 +57,7 @@ from asyncrl.transport.checkpoints import (
     unflatten_optimizer_state,
 )
 from asyncrl.transport.groups import GroupReader
-from asyncrl.transport.weight_sync import WeightSender, weights_checksum
+from asyncrl.transport.weight_sync import weights_checksum
 from asyncrl.types import Group
 
 log = logging.getLogger(__name__)
@@ -99,9 +102,12 @@ class TrainingRunner:
         self.ctx, self.cfg = ctx, ctx.cfg
         check_world_size(self.cfg.training.num_processes, launcher_world_size())
         t = self.cfg.timeouts
-        # the followers' waits for the leader's next command (see the module docstring)
-        self.step_wait_s = t.batch_wait_s + t.collective_s
-        self.start_wait_s = t.rendezvous_s + t.batch_wait_s + 2 * t.collective_s
+        # the followers' waits for the leader's next command (see the module docstring): a step's batch, plus its
+        # weight push, which may re-form the generation group (a failed push, a join of up to 2 deadlines, the push
+        # again) or wait for a generation server to answer
+        push_s = 4 * t.collective_s + 60.0
+        self.step_wait_s = t.batch_wait_s + push_s + t.rendezvous_s
+        self.start_wait_s = t.rendezvous_s + t.batch_wait_s + push_s
         self.model_path = resolve_model_path(self.cfg)
         self.pad_id = int(load_tokenizer(self.model_path).pad_token_id)
         self.learner = Learner(self.model_path, self.cfg.training, timeout_s=t.collective_s,
@@ -117,8 +123,9 @@ class TrainingRunner:
         self._followers_idle = False  # the followers wait for a command: a "stop" cannot cross another collective
         self.version = 0
         self.counters = Counters()
-        self.sender: WeightSender | None = None
+        self.weights = WeightGroup(ctx, self.policy.device)
         self.checksum: dict[str, float] = {}
+        self.last_metrics: dict[str, float] = {}
         self.first_step = 0
 
     # ---- start ---------------------------------------------------------------------------------------
@@ -149,17 +156,12 @@ class TrainingRunner:
         log.info("resumed from checkpoint %d (cursors %s)", v, meta["cursors"])
 
     def connect_generation(self, weights: list[tuple[str, torch.Tensor]]) -> None:
-        """Join the generation servers' weight-sync group; `weights` = the actor's weights at `self.version`.
+        """Form the weight-sync group with the generation servers; `weights` = the actor's weights at `self.version`.
 
         The push backend is NCCL where CUDA is available (the tensors go through the rank's GPU), else gloo.
+        Servers lost or back later re-form the group (`asyncrl.roles.weight_group`).
         """
-        docs = self.ctx.wait_for_peers("generation", self.cfg.generation.num_servers)
-        cuda = self.policy.device.type == "cuda"
-        self.sender = WeightSender([base_url(d) for d in docs], backend="nccl" if cuda else "gloo",
-                                   timeout_s=self.cfg.timeouts.collective_s,
-                                   bucket_bytes=int(self.cfg.training.weight_bucket_mb * 2**20),
-                                   device=self.policy.device)
-        self.sender.connect()
+        self.weights.connect()
         if self.version > 0:
             self.push(weights)  # resumed: the servers started from the warm start, bring them to this version
         else:
@@ -174,8 +176,12 @@ class TrainingRunner:
         dropped: list[Group] = []
         by_writer: dict[str, int] = {}
         deadline = time.monotonic() + self.cfg.timeouts.batch_wait_s
+        announced = 0
         while len(kept) < need:
             got = self.reader.poll(max_groups=need - len(kept))
+            if not got and len(dropped) > announced:
+                announced = len(dropped)
+                self.publish(self.last_metrics, kept_by_writer=by_writer)
             if not got:
                 if time.monotonic() > deadline:
                     raise TimeoutError(
@@ -193,9 +199,7 @@ class TrainingRunner:
         return kept, dropped, by_writer
 
     def push(self, weights: list[tuple[str, torch.Tensor]]) -> None:
-        assert self.sender is not None
-        self.sender.push(self.version, weights)
-        self.checksum = weights_checksum(weights)
+        self.checksum = self.weights.push(self.version, weights)
 
     def sync_weights(self) -> dict[str, float]:
         self.push(self.policy.named_weights())  # collective under ZeRO-3: the followers gather too
@@ -212,7 +216,7 @@ class TrainingRunner:
         self._followers_idle = False
         train_metrics = self.learner.train_step(
             batch, step, temperature=self.cfg.rollout.temperature,
-            info={"checkpoint": self.checkpoint_due(step + 1), "next_wait_s": self.step_wait_s},
+            info={"next_wait_s": self.step_wait_s},
         )
         t2 = time.monotonic()
         self.version = step + 1
@@ -262,6 +266,7 @@ class TrainingRunner:
             metrics[f"staleness/hist_{lag}"] = float(count)
         metrics.update(self.rollout_metrics())
         metrics.update(read_role_metrics(self.ctx.store, self.ctx.paths))
+        metrics.update(self.weights.metrics())
         return metrics
 
     def rollout_metrics(self) -> dict[str, float]:
@@ -279,13 +284,19 @@ class TrainingRunner:
                     out[k] = out.get(k, 0.0) + float(v)
         return out
 
-    def publish(self, metrics: dict[str, float]) -> None:
+    def publish(self, metrics: dict[str, float], kept_by_writer: dict[str, int] | None = None) -> None:
+        """Write `versions/latest.json`. `kept_by_writer` (mid-step, after stale drops): the groups read for the
+        step under way, left out of `consumed`, so that consumed − trained is exactly what was dropped as stale and
+        a writer whose whole window went stale may admit again instead of waiting for a step that cannot fill."""
+        kept = kept_by_writer or {}
+        self.last_metrics = metrics
         doc = {
             "version": self.version,
-            "consumed": self.reader.cursors,
+            "consumed": {w: n - kept.get(w, 0) for w, n in self.reader.cursors.items()},
             "trained": self.counters.trained_by_writer,
             "counters": self.run_counters(),
             "checksum": self.checksum,
+            "weight_group": self.weights.document(),
             "metrics": metrics,
             "time": time.time(),
         }
@@ -336,6 +347,9 @@ class TrainingRunner:
             if self.tracker is not None:
                 self.tracker.log_metrics(metrics, step=self.version)
             if self.checkpoint_due(self.version):
+                # after the push: the followers join the checkpoint's collectives only when told, so a long push
+                # (the generation group re-formed) never runs a training collective past its deadline
+                self._command("checkpoint", self.version, self.step_wait_s)
                 self.checkpoint()
             self._followers_idle = True
             log.info("step %d/%d reward %.3f acc %.3f loss %.4f staleness %.2f/%d %.1f samples/s",
@@ -356,6 +370,9 @@ class TrainingRunner:
             if cmd.command == "stop":
                 log.info("rank %d: the leader said stop (step %d)", self.policy.rank, cmd.step)
                 return
+            if cmd.command == "checkpoint":
+                self._checkpoint_collectives()
+                continue
             if cmd.command == "resume":
                 if cmd.step >= 0:
                     self._load_policy_state(cmd.step)
@@ -364,8 +381,6 @@ class TrainingRunner:
                 self.learner.follow_step(cmd, tensors)
             if self.policy.stage == 3:
                 self.policy.named_weights()  # the leader gathers the weights to push
-            if cmd.command == "step" and cmd.info.get("checkpoint"):
-                self._checkpoint_collectives()
 
     def _checkpoint_collectives(self) -> None:
         """A follower's part of the leader's `checkpoint()`: the same state calls, in the same order."""
@@ -375,8 +390,7 @@ class TrainingRunner:
             self.policy.model_state()
 
     def close(self) -> None:
-        if self.sender is not None:
-            self.sender.close()
+        self.weights.close()
         self.learner.close()
 
 

@@ -20,11 +20,20 @@ from asyncrl.transport.retry import RetryPolicy
 
 
 class RemoteError(RuntimeError):
-    """A role answered with an error (`status`) or not within its deadline (`status` None: no answer)."""
+    """A role answered with an error (`status`) or not within its deadline (`status` None: no answer).
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    `lost`: the call got no answer at all (connection refused or reset, or its deadline passed): the server may be
+    gone. Only `post_json` sets it; an error raised for any other reason never does."""
+
+    def __init__(self, message: str, status: int | None = None, lost: bool = False) -> None:
         super().__init__(message)
         self.status = status
+        self.lost = lost
+
+    @property
+    def server_unavailable(self) -> bool:
+        """The server did not answer, or answered that it cannot serve now (503): re-send the work elsewhere."""
+        return self.lost or self.status == 503
 
     @property
     def transient(self) -> bool:
@@ -47,7 +56,7 @@ async def post_json(client: httpx.AsyncClient, url: str, body: dict[str, Any], t
     try:
         r = await client.post(url, json=body, headers=headers, timeout=timeout_s)
     except httpx.HTTPError as err:
-        raise RemoteError(f"POST {url}: {type(err).__name__}: {err}") from err
+        raise RemoteError(f"POST {url}: {type(err).__name__}: {err}", lost=True) from err
     if r.status_code != 200:
         raise RemoteError(f"POST {url}: HTTP {r.status_code}: {r.text[:300]}", r.status_code)
     return r.json()
@@ -87,13 +96,14 @@ class GenerationClient:
     async def abort(self, request_id: str) -> None:
         await self._post("/abort", {"request_id": request_id})
 
-    async def health(self) -> dict[str, Any]:
+    async def health(self, timeout_s: float | None = None) -> dict[str, Any]:
         try:
-            r = await self._client.get(f"{self.base_url}/health", headers=self._headers, timeout=self._timeout)
+            r = await self._client.get(f"{self.base_url}/health", headers=self._headers,
+                                       timeout=timeout_s or self._timeout)
             r.raise_for_status()
-        except httpx.HTTPError as err:
+            return dict(r.json())
+        except (httpx.HTTPError, ValueError, TypeError) as err:
             raise RemoteError(f"GET {self.base_url}/health: {err}") from err
-        return r.json()
 
 
 class RewardClient:

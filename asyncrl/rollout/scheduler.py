@@ -33,10 +33,17 @@ Aborts and drops:
   remaining samples cannot reach n is aborted (and replaced by admission); with dynamic filtering a complete group
   whose kept rewards are all equal (no GRPO signal) is dropped and replaced.
 
+Lost servers (`request_lost`, `server_returned`): a request whose server did not answer at all (connection refused
+or reset, or no answer within the request deadline) marks that server down and is re-sent, with the sample's tokens
+so far, to the least-loaded live server; no new request goes to a down server until it is reported back. With every
+server down the re-sent samples are parked (still `running`, no request) and start on the first server back;
+admission pauses meanwhile. A lost request loses only the tokens that server was decoding for it.
+
 Invariants (checked by `check_invariants`, used by the tests and the simulator):
 - groups:  admitted = live + emitted + filtered + aborted (stale + failed + surpassed);
 - samples: started = running + awaiting + finished + failed + aborted + dropped, where `running` samples have a
-  request on a server, `awaiting` ones wait for a score or an environment step;
+  request on a server (or are parked, waiting for a live server), `awaiting` ones wait for a score or an
+  environment step;
 - server work equals the sum of the estimated work of the requests running on it; none is negative.
 """
 
@@ -101,6 +108,9 @@ class SchedulerStats:
     samples_dropped: int = 0
     samples_replaced: int = 0
     resubmits: int = 0
+    requests_lost: int = 0  # requests whose server never answered (re-sent elsewhere)
+    servers_lost: int = 0  # times a server was marked down
+    servers_returned: int = 0
 
     @property
     def aborted_groups(self) -> int:
@@ -152,6 +162,8 @@ class RolloutScheduler:
         # server's new key; a popped key that no longer matches the server's current figures is discarded
         self._heap: list[tuple[float, int, int]] = [(0.0, 0, s) for s in range(config.num_servers)]
         self._rr = 0
+        self._down: set[int] = set()  # servers marked lost: no request is routed to them
+        self._parked: list[tuple[str, int]] = []  # (group, sample) waiting for a live server
         self._groups: dict[str, _Group] = {}
         self._mean_new_tokens = config.max_new_tokens / 2
         self._finished_requests = 0
@@ -169,7 +181,8 @@ class RolloutScheduler:
         c, w = self.cfg, self.cfg.prompts_per_step
         horizon = (self.version + c.async_ratio + 1) * w
         in_window = self.live_groups + self.emitted_unconsumed
-        return (self.trained + self.emitted_unconsumed < horizon
+        return (len(self._down) < c.num_servers
+                and self.trained + self.emitted_unconsumed < horizon
                 and self.trained + in_window < horizon + c.extra_groups
                 and in_window < (c.async_ratio + 1) * w + c.extra_groups)
 
@@ -184,6 +197,16 @@ class RolloutScheduler:
     @property
     def server_requests(self) -> list[int]:
         return list(self._requests)
+
+    @property
+    def servers_down(self) -> list[int]:
+        return sorted(self._down)
+
+    def is_parked(self, group_id: str, sample_index: int) -> bool:
+        """The sample waits for a live server (its request was lost while every server was down)."""
+        group, sample = self._lookup(group_id, sample_index)
+        return (sample is not None and sample.state == "running" and sample.request is None
+                and (group_id, sample_index) in self._parked)
 
     @property
     def running_requests(self) -> int:
@@ -242,8 +265,7 @@ class RolloutScheduler:
             sample = _Sample(context_tokens=prompt_tokens)
             group.samples[i] = sample
             self.stats.samples_started += 1
-            server = self._pick_server(prompt_tokens) if one_server is None else one_server
-            decisions.append(self._start(group, i, sample, server))
+            decisions += self._route(group, i, sample, one_server)
         return decisions
 
     def request_finished(self, group_id: str, sample_index: int, new_tokens: int,
@@ -254,17 +276,14 @@ class RolloutScheduler:
         new request with the partial tokens appended; an abort we did not ask for fails the sample.
         Results for requests that are no longer running (their group is gone) are ignored.
         """
-        group, sample = self._running(group_id, sample_index)
-        if sample is None or group is None:
+        ended = self._end_request(group_id, sample_index)
+        if ended is None:
             return []
-        req = sample.request
-        assert req is not None
-        self._release(req)
-        sample.request = None
+        group, sample, req = ended
         sample.context_tokens += new_tokens
         if aborted and req.resubmit:
             self.stats.resubmits += 1
-            return [self._start(group, sample_index, sample, self._pick_server(sample.context_tokens))]
+            return self._route(group, sample_index, sample)
         if aborted:
             return self._fail(group, sample_index, sample)
         self._finished_requests += 1
@@ -281,7 +300,7 @@ class RolloutScheduler:
         sample.context_tokens += observation_tokens
         if done:
             return []
-        return [self._start(group, sample_index, sample, self._pick_server(sample.context_tokens))]
+        return self._route(group, sample_index, sample)
 
     def sample_failed(self, group_id: str, sample_index: int) -> list[Decision]:
         """A request, an environment step or a score failed: the sample fails; if the group can no longer
@@ -295,6 +314,38 @@ class RolloutScheduler:
         return self._fail(group, sample_index, sample)
 
     env_failed = sample_failed
+
+    def request_lost(self, group_id: str, sample_index: int) -> list[Decision]:
+        """The running request of this sample got no answer from its server (connection refused or reset, or no
+        answer by its deadline): that server is marked down and the request re-sent, with the sample's tokens so
+        far, to the least-loaded live server (parked while none is). Ignored when the sample is no longer running
+        (its group closed, or it was already re-sent)."""
+        ended = self._end_request(group_id, sample_index)
+        if ended is None:
+            return []
+        group, sample, req = ended
+        self.stats.requests_lost += 1
+        if req.server not in self._down:
+            self._down.add(req.server)
+            self.stats.servers_lost += 1
+        return self._route(group, sample_index, sample)
+
+    def server_returned(self, server: int) -> list[Decision]:
+        """A lost server answers again (restarted, or resumed): route to it again and start the parked samples."""
+        if not 0 <= server < self.cfg.num_servers:
+            raise ValueError(f"server: expected 0..{self.cfg.num_servers - 1}, got {server}")
+        if server not in self._down:
+            return []
+        self._down.discard(server)
+        self.stats.servers_returned += 1
+        self._load_changed(server)
+        parked, self._parked = self._parked, []
+        decisions: list[Decision] = []
+        for group_id, index in parked:
+            group, sample = self._lookup(group_id, index)
+            if group is not None and sample is not None and sample.state == "running" and sample.request is None:
+                decisions += self._route(group, index, sample)
+        return decisions
 
     def sample_scored(self, group_id: str, sample_index: int, reward: float) -> list[Decision]:
         """A sample's reward is known: it is finished. The group completes with its first n finished samples;
@@ -367,25 +418,49 @@ class RolloutScheduler:
             return None, None
         return group, sample
 
+    def _end_request(self, group_id: str, sample_index: int) -> tuple[_Group, _Sample, _Request] | None:
+        """Take the running request off its sample and its server; None when the sample has none."""
+        group, sample = self._running(group_id, sample_index)
+        if group is None or sample is None or sample.request is None:
+            return None
+        req, sample.request = sample.request, None
+        self._release(req)
+        return group, sample, req
+
     def _estimate(self, context_tokens: int) -> float:
         """Outstanding work of a request: its context plus the expected new tokens (running mean)."""
         return context_tokens + self._mean_new_tokens
 
-    def _pick_server(self, context_tokens: int) -> int:
-        """round_robin: the next server; least_requests: fewest running requests; least_tokens: least estimated
-        work (then fewest requests). Ties go to the lowest index."""
-        k = self.cfg.num_servers
+    def _pick_server(self, context_tokens: int) -> int | None:
+        """round_robin: the next live server; least_requests: fewest running requests; least_tokens: least estimated
+        work (then fewest requests). Ties go to the lowest index. Down servers are skipped; None when all are."""
+        k, down = self.cfg.num_servers, self._down
+        if len(down) == k:
+            return None
         if self.cfg.routing == "round_robin":
-            self._rr = (self._rr + 1) % k
-            return (self._rr - 1) % k
+            while True:
+                self._rr = (self._rr + 1) % k
+                if (self._rr - 1) % k not in down:
+                    return (self._rr - 1) % k
         if self.cfg.routing == "least_requests":
-            return min(range(k), key=lambda s: (self._requests[s], s))
+            return min((s for s in range(k) if s not in down), key=lambda s: (self._requests[s], s))
         heap = self._heap
         while True:
             work, reqs, server = heap[0]
-            if work == self._work[server] and reqs == self._requests[server]:
+            if work == self._work[server] and reqs == self._requests[server] and server not in down:
                 return server
-            heapq.heappop(heap)
+            heapq.heappop(heap)  # stale, or a down server (its key is pushed again when it returns)
+
+    def _route(self, group: _Group, index: int, sample: _Sample, server: int | None = None) -> list[Decision]:
+        """Start the sample's next request on `server` (default: the routing's pick), or park it while no server
+        is live. A parked sample is `running` without a request."""
+        if server is None or server in self._down:
+            server = self._pick_server(sample.context_tokens)
+        if server is None:
+            sample.state = "running"
+            self._parked.append((group.group_id, index))
+            return []
+        return [self._start(group, index, sample, server)]
 
     def _load_changed(self, server: int) -> None:
         if self.cfg.routing != "least_tokens":
@@ -424,7 +499,7 @@ class RolloutScheduler:
             new_index = max(group.samples) + 1
             fresh = _Sample(context_tokens=group.prompt_tokens)
             group.samples[new_index] = fresh
-            return [self._start(group, new_index, fresh, self._pick_server(group.prompt_tokens))]
+            return self._route(group, new_index, fresh)
         alive = sum(1 for s in group.samples.values() if s.state != "failed")
         if alive >= self.cfg.group_size:
             return []
@@ -440,6 +515,8 @@ class RolloutScheduler:
                 decisions.append(Abort(group.group_id, i, s.request.server, f"{group.group_id}-{i}-{s.request.turn}",
                                        reason))
                 s.request = None
+                self.stats.samples_aborted += 1
+            elif s.state == "running":  # parked: no server holds it, nothing to abort there
                 self.stats.samples_aborted += 1
             elif s.state == "awaiting":
                 decisions.append(DropSample(group.group_id, i, reason))

@@ -34,7 +34,7 @@ from asyncrl.training.batch import TrainBatch
 
 log = logging.getLogger(__name__)
 
-COMMANDS = ("resume", "step", "stop")
+COMMANDS = ("resume", "step", "checkpoint", "stop")
 MAX_HEADER_BYTES = 1 << 20
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,

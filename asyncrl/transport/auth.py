@@ -13,16 +13,24 @@ Invariants:
 - `BodyLimitMiddleware` answers 413 to a request whose body is over `max_body_bytes`: at once when its
   `Content-Length` says so, else as soon as the streamed (chunked) bytes counted so far pass the limit; the app
   never sees such a request. A body within the limit is handed to the app unchanged.
+- `BodyLimitMiddleware` also bounds the wait for the body: a client that sends part of a body and stalls gets 408
+  once `body_timeout_s` has passed since the request started, so a stalled upload never holds a handler.
+- A request body that fails validation gets 422 with `detail` = a list of {loc, msg, type} naming each field; the
+  offending input is never echoed back (an echo of NaN, a huge or a deeply nested value could itself fail to render
+  and turn a client error into a 500).
 - The token never appears in a log line or an error message.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
+import math
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
@@ -32,6 +40,9 @@ TOKEN_ENV = "ASYNCRL_ROLE_TOKEN"
 ENV_SERVER_TOKEN_ENV = "ASYNCRL_ENV_TOKEN"
 MIN_TOKEN_CHARS = 16
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB: far above any real /generate or /score body
+DEFAULT_BODY_TIMEOUT_S = 60.0  # the whole body of a request must arrive within this (timeouts.http_s by default)
+MAX_ERROR_MSG_CHARS = 500
+MAX_ERRORS = 20
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -137,10 +148,13 @@ class BodyLimitMiddleware:
     the limit is read here first and replayed to the app as one message (then `receive` passes through, so the
     app still sees a disconnect)."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> None:
         if max_body_bytes < 1:
             raise ValueError(f"max_body_bytes: expected >= 1, got {max_body_bytes}")
-        self.app, self.max_body_bytes = app, int(max_body_bytes)
+        if not (math.isfinite(body_timeout_s) and body_timeout_s > 0):
+            raise ValueError(f"body_timeout_s: expected a finite number > 0, got {body_timeout_s}")
+        self.app, self.max_body_bytes, self.body_timeout_s = app, int(max_body_bytes), float(body_timeout_s)
 
     async def _too_large(self, send: Send, what: str) -> None:
         await _send_json(send, 413, f"request body too large: {what}, the limit is {self.max_body_bytes} bytes")
@@ -161,8 +175,16 @@ class BodyLimitMiddleware:
                 return
         chunks: list[bytes] = []
         size = 0
+        deadline = time.monotonic() + self.body_timeout_s
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                log.warning("%s %s: body not complete after %.0f s (%d bytes received)", scope.get("method"),
+                            scope.get("path"), self.body_timeout_s, size)
+                await _send_json(send, 408, f"request body not received in full within {self.body_timeout_s:g} s "
+                                 f"({size} bytes arrived)")
+                return
             if message["type"] != "http.request":  # disconnected: nothing to answer
                 return
             chunk = message.get("body", b"")
@@ -185,10 +207,40 @@ class BodyLimitMiddleware:
         await self.app(scope, replay, send)
 
 
+def _loc(loc: Any) -> list[str | int]:
+    return [p if isinstance(p, int) else str(p)[:100] for p in (loc if isinstance(loc, (list, tuple)) else [loc])]
+
+
+def validation_details(errors: Any) -> list[dict[str, Any]]:
+    """Pure: pydantic/FastAPI validation errors as JSON-safe {loc, msg, type} (no input echoed, messages and the
+    number of errors bounded)."""
+    out: list[dict[str, Any]] = []
+    for e in list(errors)[:MAX_ERRORS]:
+        e = e if isinstance(e, dict) else {"msg": str(e)}
+        msg = str(e.get("msg", "invalid value")).removeprefix("Value error, ")
+        ctx = e.get("ctx") or {}
+        if e.get("type") == "json_invalid" and "error" in ctx:
+            msg = f"invalid JSON: {ctx['error']}"
+        out.append({"loc": _loc(e.get("loc", ())), "msg": msg[:MAX_ERROR_MSG_CHARS], "type": str(e.get("type", ""))})
+    return out
+
+
+async def _validation_error(request: Any, exc: Exception) -> Any:
+    from fastapi.responses import JSONResponse
+
+    errors = exc.errors() if hasattr(exc, "errors") else [{"msg": str(exc)}]
+    return JSONResponse(status_code=422, content={"detail": validation_details(errors)})
+
+
 def secure_app(app: ASGIApp, token: str | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               var: str = TOKEN_ENV) -> None:
-    """Wrap a FastAPI/Starlette `app` in place: the body limit, and (outermost) the bearer check when `token` is
-    not None (None: no authentication, for tests and explicit `--insecure-no-token` only)."""
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)  # type: ignore[attr-defined]
+               var: str = TOKEN_ENV, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> None:
+    """Wrap a FastAPI/Starlette `app` in place: the body limit and body deadline, (outermost) the bearer check when
+    `token` is not None (None: no authentication, for tests and explicit `--insecure-no-token` only), and 422
+    answers that name the fields without echoing the input."""
+    from fastapi.exceptions import RequestValidationError
+
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[attr-defined]
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes,  # type: ignore[attr-defined]
+                       body_timeout_s=body_timeout_s)
     if token is not None:
         app.add_middleware(BearerAuthMiddleware, token=token, var=var)  # type: ignore[attr-defined]

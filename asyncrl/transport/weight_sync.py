@@ -8,7 +8,9 @@ process group (vLLM's worker already owns that one, and so may the trainer's Dee
 
 Both sides of every step block together: the trainer joins (or broadcasts) while, concurrently, it asks
 each server over HTTP to join (or receive). Every join, broadcast and HTTP call has a deadline; a
-failure raises, and the sender then refuses to push until `connect()` is called again.
+failure raises, and the sender then refuses to push until `connect()` is called again. Each `connect()`
+forms a new group, an *epoch*, possibly with other servers (`asyncrl.roles.weight_group` decides which):
+its keys live under a fresh name, so nothing of an earlier epoch's group is read.
 
 The wire format (manifest header, then buckets) is in `asyncrl.transport.weight_buckets`.
 """
@@ -228,6 +230,7 @@ class WeightSender:
         self.device = torch.device(device)
         self._store: dist.TCPStore | None = None
         self._pg: dist.ProcessGroup | None = None
+        self.epoch = 0  # groups formed so far (`connect()` calls that succeeded)
 
     @property
     def world_size(self) -> int:
@@ -237,15 +240,23 @@ class WeightSender:
     def connected(self) -> bool:
         return self._pg is not None
 
-    def connect(self) -> None:
-        """Host the TCPStore (free port), ask every server to join, join as rank 0; all under the deadline."""
+    def connect(self, server_urls: Sequence[str] | None = None) -> None:
+        """Host the TCPStore (free port), ask every server to join, join as rank 0; all under the deadline.
+        `server_urls`: the members of the new group (default: the current ones)."""
         self.close()
-        timeout = datetime.timedelta(seconds=self.timeout_s)
+        if server_urls is not None:
+            if not server_urls:
+                raise ValueError("server_urls: expected at least one generation server URL")
+            self.server_urls = [u.rstrip("/") for u in server_urls]
+        # A server still inside a broken collective of the previous epoch answers only once that collective's own
+        # deadline passed (it holds its update lock until then), so joining waits up to twice the deadline.
+        join_s = 2 * self.timeout_s
+        timeout = datetime.timedelta(seconds=join_s)
         store = dist.TCPStore("0.0.0.0", 0, self.world_size, is_master=True, timeout=timeout, wait_for_workers=False)
         self._store = store
-        group_name = uuid.uuid4().hex
+        group_name = f"epoch{self.epoch + 1}-{uuid.uuid4().hex}"
         log.info("weight sync: hosting rendezvous on %s:%d for %d ranks", self.master_addr, store.port, self.world_size)
-        step = _Concurrent(self.timeout_s + 30.0)
+        step = _Concurrent(join_s + 30.0)
         for i, url in enumerate(self.server_urls):
             body = {
                 "master_addr": self.master_addr,
@@ -256,16 +267,17 @@ class WeightSender:
                 "timeout_s": self.timeout_s,
                 "group_name": group_name,
             }
-            step.start(url, lambda url=url, body=body: _post(f"{url}/weights/init", body, self.timeout_s + 30.0))
+            step.start(url, lambda url=url, body=body: _post(f"{url}/weights/init", body, join_s + 30.0))
         step.start(
             "trainer-join",
             lambda: join_group(
-                store=store, rank=0, world_size=self.world_size, backend=self.backend, timeout_s=self.timeout_s,
+                store=store, rank=0, world_size=self.world_size, backend=self.backend, timeout_s=join_s,
                 group_name=group_name, local_addr=local_ip_towards(self.master_addr),
             ),
         )
         results = step.wait("weight sync connect")
         self._pg = results["trainer-join"]
+        self.epoch += 1
 
     def push(self, version: int, named_tensors: Sequence[tuple[str, torch.Tensor]]) -> dict[str, Any]:
         """Broadcast `named_tensors` as policy `version` to every server; return the servers' responses."""
@@ -285,6 +297,7 @@ class WeightSender:
             results = step.wait(f"weight push of version {version}")
         except WeightSyncError:
             self._pg = None  # a half-done broadcast leaves the group out of step: reconnect
+            shutdown_group(pg)  # best effort: closes the connections, so the peers' collective fails sooner
             raise
         return {url: results[url] for url in self.server_urls}
 

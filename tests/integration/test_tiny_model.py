@@ -127,4 +127,6 @@ def test_resolve_model_path_errors(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="config.json"):
         resolve_model_path(empty)
     (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
     assert resolve_model_path(empty) == tmp_path

@@ -220,8 +220,9 @@ def test_stale_version_fails_fast_and_reconnect_recovers(
     v = httpx.get(f"{url}/health").json()["version"]
     named = [(n, p.detach().clone()) for n, p in trainer_model.named_parameters()]
     t0 = time.monotonic()
-    with pytest.raises(WeightSyncError, match="version: expected > current version"):
-        sender.push(v, named)
+    assert v >= 1
+    with pytest.raises(WeightSyncError, match="version: expected >= current version"):
+        sender.push(v - 1, named)
     assert time.monotonic() - t0 < 30
     assert not sender.connected
     with pytest.raises(WeightSyncError, match="not connected"):

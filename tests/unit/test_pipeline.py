@@ -172,3 +172,49 @@ def test_every_dag_input_a_task_reads_is_declared_by_its_dag(docs):
                 source = spec.get("componentInputParameter")
                 if source is not None:
                     assert source in declared, (dag_name, task_name, pname, source)
+
+
+def test_roles_drive_the_run_id_setup_outputs(docs):
+    """Every role reads its run id from setup's output `run_id` (directly, or through its ParallelFor DAG, which
+    declares it); a resumed pipeline run therefore drives the old run. Finalize, an exit task, may not read it: it
+    gets `resume_run_id` and the KFP run id."""
+    pipeline, _ = docs
+    params = pipeline["root"]["inputDefinitions"]["parameters"]
+    assert params["resume_run_id"] == {"defaultValue": "", "isOptional": True, "parameterType": "STRING"}
+    assert pipeline["components"]["comp-setup"]["outputDefinitions"]["parameters"] == {
+        "run_id": {"parameterType": "STRING"}}
+    from_setup = {"taskOutputParameter": {"outputParameterKey": "run_id", "producerTask": "setup"}}
+    handler = pipeline["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    role_tasks = _tasks(pipeline)
+    seen = 0
+    for name, task in handler.items():
+        params_in = task["inputs"]["parameters"]
+        if name.startswith("for-loop"):
+            assert params_in["pipelinechannel--setup-run_id"] == from_setup, name
+            comp = pipeline["components"][task["componentRef"]["name"]]
+            (inner,) = comp["dag"]["tasks"].values()
+            assert inner["inputs"]["parameters"]["run_id"] == {"componentInputParameter":
+                                                               "pipelinechannel--setup-run_id"}
+            seen += 1
+        elif name != "setup":
+            assert params_in["run_id"] == from_setup, name
+            seen += 1
+    assert seen == 4 and len([n for n in role_tasks if n.startswith(("role", "training-role"))]) == 4
+    for ex in ("exec-role", "exec-role-2", "exec-role-3", "exec-training-role"):
+        args = pipeline["deploymentSpec"]["executors"][ex]["container"]["args"]
+        url = args[args.index("--run-url") + 1]
+        assert "{{$.inputs.parameters['run_id']}}" in url and "pipeline_job_uuid" not in url, ex
+    finalize = pipeline["root"]["dag"]["tasks"]["finalize"]["inputs"]["parameters"]
+    assert finalize["resume_run_id"] == {"componentInputParameter": "resume_run_id"}
+    assert finalize["run_id"] == {"runtimeValue": {"constant": "{{$.pipeline_job_uuid}}"}}
+
+
+def test_only_the_generation_task_is_retried_as_often_as_the_launcher_restarts_it(docs):
+    """A lost generation pod comes back (the run goes on without it meanwhile); any other role's failure ends the
+    run: retrying a trainer or a writer would need a resume, which setup does (resume_run_id)."""
+    from asyncrl.config import RunConfig
+
+    pipeline, _ = docs
+    retried = {t["taskInfo"]["name"]: t["retryPolicy"] for t in _tasks(pipeline).values() if "retryPolicy" in t}
+    assert list(retried) == ["generation"], retried
+    assert retried["generation"]["maxRetryCount"] == RunConfig().generation.max_restarts == 3

@@ -337,3 +337,69 @@ def test_a_restarted_writer_counts_its_written_groups_and_names_new_groups_apart
     s.check_invariants()
     with pytest.raises(ValueError, match="restore_emitted"):
         s.restore_emitted(1)
+
+
+def test_a_lost_request_is_resent_to_a_live_server_and_its_server_avoided_until_it_returns():
+    """Server 1 stops answering: its requests are re-sent to server 0 one by one as they fail (same sample, next
+    turn, the tokens so far kept), nothing new is routed to server 1, and routing uses it again once it returns."""
+    s = make(alpha=0, b=1, n=2, servers=2, routing="round_robin")
+    (a, b), = admit_all(s)
+    assert (a.server, b.server) == (0, 1)
+    out = s.request_lost(b.group_id, b.sample_index)
+    s.check_invariants()
+    assert out == [Start(b.group_id, b.prompt_index, 1, 0, 0, 1, 4)]
+    assert s.servers_down == [1] and s.server_requests == [2, 0]
+    assert s.stats.requests_lost == 1 and s.stats.servers_lost == 1
+    # the re-sent request is lost too: server 0 is down as well, so the sample is parked (running, no request)
+    # and admission pauses
+    assert s.request_lost(b.group_id, b.sample_index) == []
+    assert s.stats.servers_lost == 2 and s.servers_down == [0, 1]
+    assert s.counts()["running_samples"] == 2 and s.server_requests == [1, 0] and not s.can_admit()
+    s.check_invariants()
+    out = s.server_returned(1)
+    s.check_invariants()
+    assert out == [Start(b.group_id, b.prompt_index, 1, 1, 0, 2, 4)] and s.servers_down == [0]
+    assert s.server_returned(1) == [] and s.stats.servers_returned == 1
+    with pytest.raises(ValueError, match="server: expected 0..1, got 2"):
+        s.server_returned(2)
+
+
+def test_a_lost_request_keeps_its_tokens_and_a_late_or_repeated_report_is_ignored():
+    s = make(alpha=1, b=1, n=1, servers=2, routing="least_requests")
+    (a,), (c,) = admit_all(s)
+    assert (a.server, c.server) == (0, 1)
+    assert s.request_finished(a.group_id, 0, 5) == []  # first turn done: 4 + 5 tokens of context
+    nxt = s.env_stepped(a.group_id, 0, observation_tokens=2, done=False)
+    assert nxt == [Start(a.group_id, a.prompt_index, 0, 0, 0, 1, 11)]
+    out = s.request_lost(a.group_id, 0)
+    assert out == [Start(a.group_id, a.prompt_index, 0, 1, 0, 2, 11)]  # the context so far, on the live server
+    s.check_invariants()
+    assert s.request_lost(c.group_id + "-gone", 0) == []  # unknown group: ignored
+    assert s.sample_scored(a.group_id, 0, 1.0) == []  # still running, not awaiting: ignored
+    assert s.request_finished(a.group_id, 0, 3) == []
+    assert [type(d) for d in s.sample_scored(a.group_id, 0, 1.0)] == [EmitGroup]
+    s.check_invariants()
+
+
+def test_a_parked_sample_of_a_closed_group_counts_as_aborted():
+    s = make(alpha=0, b=1, n=1, servers=1)
+    ((a,),) = admit_all(s)
+    assert s.request_lost(a.group_id, 0) == [] and s.servers_down == [0]
+    out = s.sample_failed(a.group_id, 0)  # e.g. the group was given up: no server holds it
+    assert [type(d) for d in out] == [DropGroup]
+    s.check_invariants()
+    assert s.stats.samples_failed == 1 and s.live_groups == 0
+    assert s.server_returned(0) == [] and s.can_admit()
+
+
+def test_groups_the_trainer_dropped_mid_step_reopen_admission():
+    """The trainer publishes, mid-step, the groups it dropped as stale (consumed grows, the version does not): a writer
+    whose whole window was emitted and went stale admits again instead of waiting for a step that cannot fill."""
+    s = make(alpha=1, b=2, n=1, servers=1)
+    for g in admit_all(s):
+        finish(s, g[0])
+    assert s.stats.emitted == 4 and s.emitted_unconsumed == 4 and not s.can_admit()
+    s.version_advanced(0, trained=0, consumed=2)  # two read and dropped as stale during step 0, none trained yet
+    assert s.emitted_unconsumed == 2 and len(admit_all(s)) == 2
+    with pytest.raises(ValueError, match="must not go back"):
+        s.version_advanced(0, trained=0, consumed=1)
