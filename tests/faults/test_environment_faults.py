@@ -36,7 +36,7 @@ USER, ASSISTANT = TEXT_VOCAB["<|user|>"], TEXT_VOCAB["<|assistant|>"]
 def finished_run(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
     doc = yaml.safe_load((ROOT / "configs/agentic.yaml").read_text())
-    doc["env"].update(num_eval=16, step_timeout_s=2.0, hang_report_s=1.0, injection={
+    doc["env"].update(num_eval=8, step_timeout_s=2.0, hang_report_s=1.0, injection={
         "latency_mean_s": 0.02, "latency_std_s": 0.02, "slowdown_rate": 0.05, "slowdown_factor": 10.0,
         "failure_rate": 0.04, "garbage_rate": 0.04, "hang_rate": 0.03, "seed": 1})
     doc["rollout"].update(prompts_per_step=4, samples_per_prompt=4, extra_samples_per_prompt=1, replace_failed=3,
