@@ -44,6 +44,8 @@ async def serve(ctx: RoleContext, settings: EngineSettings, host: str, advertise
         return numeric_metrics(engines[0].health()) if engines else {}
 
     def ready(bound: str, port: int) -> None:
+        heartbeat.metrics = figures()  # the engine's figures from the first beat after ready, not a beat later
+        heartbeat.beat()
         ctx.publish({"host": advertise or bound, "port": port})
 
     async with watched(ctx, on_done, heartbeat, figures) as (stop, over):

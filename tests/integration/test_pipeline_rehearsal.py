@@ -26,9 +26,10 @@ def rehearsal(tmp_path_factory):
     params = {
         "steps": STEPS, "prompts_per_step": 4, "samples_per_prompt": 4, "mlflow_uri": f"sqlite:///{db}",
         "mlflow_experiment": "rehearsal", "s3_bucket": "rehearsal", "model_path": "",
-        # one generation replica (the loop's expansion to several is checked in tests/unit/test_rehearsal.py; a second
-        # vLLM engine would cost CI about a minute), two data-parallel training ranks under torchrun
-        "generation_replica_ids": ["0"], "training_gpus": 2,
+        # one generation replica and one training rank, under torchrun as always (the loop's expansion to several
+        # replicas is checked in tests/unit/test_rehearsal.py, several ranks in test_multirank_training.py and the
+        # fault suite; each more would cost CI most of a minute)
+        "generation_replica_ids": ["0"], "training_gpus": 1,
         "overrides": [f"cache_dir={ROOT / '.cache' / 'asyncrl'}", "generation.max_model_len=32",
                       "training.micro_batch_size=16", "training.checkpoint_every=2"],
     }
@@ -56,7 +57,7 @@ def test_s3_holds_config_rendezvous_versions_done_and_final_status(rehearsal):
     s3 = result.inspection
     cfg = s3["config"]
     assert cfg["run_id"] == result.run_id and cfg["training"]["steps"] == STEPS
-    assert cfg["training"]["num_processes"] == 2  # training_gpus → torchrun ranks
+    assert cfg["training"]["num_processes"] == 1  # training_gpus → torchrun ranks
     assert cfg["generation"]["num_servers"] == 1 and cfg["rollout"]["num_writers"] == 1
     for doc in s3["generation"]:  # advertised through POD_IP from the platform spec's field path
         assert doc is not None and doc["host"] == "127.0.0.1" and int(doc["port"]) > 0
