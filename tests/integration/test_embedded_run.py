@@ -28,18 +28,21 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
+OVERRIDES = ["generation.num_servers=1"]
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
     run_id = "smoke-test"
-    stdout = run_embedded(ROOT / "configs/smoke.yaml", runs, run_id, ["generation.num_servers=1"])
+    stdout = run_embedded(ROOT / "configs/smoke.yaml", runs, run_id, OVERRIDES)
     run_dir = runs / run_id
     return run_dir, stdout
 
 
 def test_summary_and_progress(finished_run):
     run_dir, stdout = finished_run
-    cfg = load_config(ROOT / "configs/smoke.yaml")
+    cfg = load_config(ROOT / "configs/smoke.yaml", OVERRIDES)
     summary = json.loads((run_dir / "run_summary.json").read_text())
     for key in ("run_id", "steps", "final_version", "samples_trained", "samples_dropped_stale", "eval_accuracy_before",
                 "eval_accuracy_after", "staleness_mean", "staleness_max", "wall_s", "samples_per_s"):
@@ -56,7 +59,7 @@ def test_summary_and_progress(finished_run):
 def test_s3_holds_groups_checkpoint_and_matching_checksums(finished_run, monkeypatch):
     run_dir, _ = finished_run
     summary = json.loads((run_dir / "run_summary.json").read_text())
-    cfg = load_config(ROOT / "configs/smoke.yaml")
+    cfg = load_config(ROOT / "configs/smoke.yaml", OVERRIDES)
     # restart the S3 server over the run's data folder: everything the run wrote is still there
     with EmbeddedS3(run_dir / "s3") as s3:
         for k, v in s3.env().items():
@@ -83,7 +86,7 @@ def test_s3_holds_groups_checkpoint_and_matching_checksums(finished_run, monkeyp
 
 def test_mlflow_has_step_metrics(finished_run):
     run_dir, _ = finished_run
-    cfg = load_config(ROOT / "configs/smoke.yaml")
+    cfg = load_config(ROOT / "configs/smoke.yaml", OVERRIDES)
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir.parent / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name(cfg.tracking.experiment).experiment_id])
     assert len(runs) == 1
