@@ -276,6 +276,13 @@ class GenerationEngine:
         await self.llm.abort(request_id)
         return True
 
+    async def abort_many(self, request_ids: list[str]) -> list[str]:
+        """Abort those of `request_ids` in flight, in one engine call; returns them."""
+        known = [r for r in request_ids if r in self._inflight]
+        if known:
+            await self.llm.abort(known)
+        return known
+
     def health(self) -> dict[str, Any]:
         """`running`: requests producing tokens; `waiting`: admitted, no token yet; `load`: tokens still owed;
         plus the cumulative `ActivityCounters` fields (uptime_s, busy_s, tokens_generated, requests_finished,

@@ -3,6 +3,11 @@
 Routes (DESIGN.md "Generation API" and "Weight sync"):
 - `POST /generate` GenerateRequest → {request_id, token_ids, logprobs, token_versions, finish_reason, start_version}
 - `POST /abort` {request_id} → {request_id, aborted}
+- `POST /generate_batch` {requests: [GenerateRequest, ...]} (distinct ids, at most `MAX_BATCH_REQUESTS`) → an NDJSON
+  stream, one line per request as it finishes (in finishing order): the /generate answer, or {request_id, error:
+  {status, detail}} with the status /generate would have given it. A client that disconnects ends its batch's
+  requests still running. A body that does not validate is refused whole (422 naming e.g. requests.3.max_tokens).
+- `POST /abort_batch` {request_ids: [...]} → {aborted: [ids that were in flight]}
 - `GET /health` → {status, version, running, waiting, load, uptime_s, busy_s, tokens_generated,
   requests_finished, requests_aborted, updates} (the last six cumulative since the engine was ready)
 - `POST /weights/init` {master_addr, master_port, rank, world_size, backend, timeout_s[, group_name]}
@@ -32,12 +37,13 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Annotated, Any, Literal
 
 import uvicorn
 from fastapi import FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from asyncrl.generation.engine import (
@@ -47,7 +53,7 @@ from asyncrl.generation.engine import (
     GenerationEngine,
     RequestConflict,
 )
-from asyncrl.transport.auth import MissingTokenError, require_token, secure_app
+from asyncrl.transport.auth import MissingTokenError, require_token, secure_app, validation_details
 from asyncrl.transport.listen import bind_socket
 
 log = logging.getLogger(__name__)
@@ -56,6 +62,7 @@ MAX_BODY_BYTES = 8 << 20  # a /generate body of MAX_PROMPT_TOKENS ids is well un
 MAX_PROMPT_TOKENS = 1 << 20
 MAX_STOP_TOKENS = 4096
 MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds
+MAX_BATCH_REQUESTS = 4096  # requests in one /generate_batch or /abort_batch body (the body limit applies too)
 
 TokenId = Annotated[int, Field(ge=0)]
 
@@ -86,6 +93,25 @@ class GenerateRequest(_Body):
 
 class AbortRequest(_Body):
     request_id: str = Field(min_length=1, max_length=256)
+
+
+class GenerateBatchRequest(_Body):
+    requests: list[GenerateRequest] = Field(min_length=1, max_length=MAX_BATCH_REQUESTS)
+
+    @field_validator("requests")
+    @classmethod
+    def _distinct_ids(cls, v: list[GenerateRequest]) -> list[GenerateRequest]:
+        seen: set[str] = set()
+        for i, r in enumerate(v):
+            if r.request_id in seen:
+                raise ValueError(f"requests[{i}].request_id: expected distinct request ids, {r.request_id!r} repeats")
+            seen.add(r.request_id)
+        return v
+
+
+class AbortBatchRequest(_Body):
+    request_ids: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        min_length=1, max_length=MAX_BATCH_REQUESTS)
 
 
 class WeightsInitRequest(_Body):
@@ -129,6 +155,14 @@ def check_against_model(req: GenerateRequest, max_model_len: int, vocab_size: in
                                  f"max_model_len {max_model_len}; expected max_tokens <= {max_model_len - n}")
 
 
+def _line(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+
+
+def _error_line(request_id: str, status: int, detail: Any) -> bytes:
+    return _line({"request_id": request_id, "error": {"status": status, "detail": detail}})
+
+
 def create_app(engine: GenerationEngine, token: str | None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """The generation API over `engine`; every route requires `token` as a bearer token (None: no check, only for
     an explicitly insecure server) and bodies are limited to `max_body_bytes`."""
@@ -153,6 +187,45 @@ def create_app(engine: GenerationEngine, token: str | None, max_body_bytes: int 
     @app.post("/abort")
     async def abort(req: AbortRequest) -> dict[str, Any]:
         return {"request_id": req.request_id, "aborted": await engine.abort(req.request_id)}
+
+    async def one_of_batch(req: GenerateRequest) -> bytes:
+        """One request of a batch, as its NDJSON line: the /generate answer, or {request_id, error: {status,
+        detail}} with the status /generate would have answered."""
+        try:
+            check_against_model(req, engine.settings.max_model_len, vocab_size)
+            return _line(await engine.generate(GenerateParams(**req.model_dump())))
+        except RequestValidationError as e:
+            return _error_line(req.request_id, 422, validation_details(e.errors()))
+        except HTTPException as e:
+            return _error_line(req.request_id, e.status_code, e.detail)
+        except RequestConflict as e:
+            return _error_line(req.request_id, 409, str(e))
+        except EngineUnavailable as e:
+            return _error_line(req.request_id, 503, str(e))
+        except ValueError as e:
+            return _error_line(req.request_id, 400, str(e))
+        except Exception as e:  # one request's failure never ends the others of its batch
+            log.exception("generate_batch: request %s failed", req.request_id)
+            return _error_line(req.request_id, 500, f"{type(e).__name__}: {e}")
+
+    @app.post("/generate_batch")
+    async def generate_batch(req: GenerateBatchRequest) -> StreamingResponse:
+        async def lines() -> AsyncIterator[bytes]:
+            pending = {asyncio.create_task(one_of_batch(r)) for r in req.requests}
+            try:
+                while pending:
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    yield b"".join(t.result() for t in done)
+            finally:  # the client went away (or the server stops): its requests still running end now
+                for t in pending:
+                    t.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    @app.post("/abort_batch")
+    async def abort_batch(req: AbortBatchRequest) -> dict[str, Any]:
+        return {"aborted": await engine.abort_many(req.request_ids)}
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

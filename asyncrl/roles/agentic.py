@@ -27,12 +27,13 @@ from typing import Any
 from asyncrl.envs.execution import EnvExecutor, EnvFault, EnvHandle
 from asyncrl.envs.hang import ProgressWatch
 from asyncrl.models.chat import ChatFormat
+from asyncrl.rewards.client import RewardClient
 from asyncrl.roles.context import RoleContext, instance_index
 from asyncrl.roles.environment import EnvironmentRunner, sample_seed
 from asyncrl.roles.generation_servers import GenerationServers, log_lost
-from asyncrl.rollout.clients import RemoteError, RewardClient
 from asyncrl.rollout.multiturn import MultiTurnTrajectory
 from asyncrl.rollout.scheduler import Decision, DropGroup, DropSample, EmitGroup, Start
+from asyncrl.transport.http import RemoteError
 from asyncrl.types import Group, Sample
 
 log = logging.getLogger(__name__)

@@ -26,8 +26,10 @@ from typing import Any
 import httpx
 
 from asyncrl.config import RunConfig
+from asyncrl.generation.client import Generated
 from asyncrl.models.tiny import resolve_model_path
 from asyncrl.models.tokenizer import decode_response, encode_prompt, load_tokenizer
+from asyncrl.rewards.client import RewardClient
 from asyncrl.roles.context import (
     RoleContext,
     base_url,
@@ -39,7 +41,6 @@ from asyncrl.roles.context import (
 )
 from asyncrl.roles.generation_servers import GenerationServers, log_lost
 from asyncrl.roles.liveness import RunOver
-from asyncrl.rollout.clients import Generated, RemoteError, RewardClient
 from asyncrl.rollout.scheduler import (
     Abort,
     Decision,
@@ -54,6 +55,7 @@ from asyncrl.tasks.arithmetic import Problem
 from asyncrl.tasks.datasets import load_split
 from asyncrl.tasks.prompt_fit import prompts_that_fit
 from asyncrl.transport.groups import GroupWriter
+from asyncrl.transport.http import RemoteError
 from asyncrl.types import Group, Sample
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,9 @@ from typing import Any
 
 import httpx
 
+from asyncrl.generation.client import GenerationClient
 from asyncrl.roles.context import RoleContext, base_url
-from asyncrl.rollout.clients import GenerationClient, RemoteError
+from asyncrl.transport.http import RemoteError
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,23 @@
-"""The reward role: `POST /score` {task, prompt, response, metadata} → {reward, details} with the task's verifier.
+"""The reward role: `POST /score` (one response) and `POST /score_batch` (many) scored with the task's verifier.
 
-Stateless; any number of instances may run. `GET /health` answers liveness. Every route needs
+`/score` {task, prompt, response, metadata} → {reward, details}, or 422 for a refusal. `/score_batch`
+{items: [score request, ...]} → {results: [...]}, one result per item in order, each {reward, details} or
+{error: {status, detail}}: an item's refusal (no string `metadata.answer`, unknown task) is that item's result and
+never fails the others; a body that does not validate as a whole is 422 naming the field (`items.3.task`). The
+contract and its limits are in `asyncrl.rewards.api` (docs/reward_api.md).
+
+Stateless; any number of instances may run. `GET /health` answers liveness and the counters. Every route needs
 `Authorization: Bearer $ASYNCRL_ROLE_TOKEN` (401 without, 403 wrong) and bodies over `MAX_BODY_BYTES` get 413
-(`asyncrl.transport.auth`); the role exits at once, naming the variable, when the token is not set. It beats a heartbeat carrying its
-counters and exits by itself when the run is done or the trainer failed or is gone (`asyncrl.roles.liveness`).
+(`asyncrl.transport.auth`); the role exits at once, naming the variable, when the token is not set. It beats a heartbeat
+carrying its counters and exits by itself when the run is done or the trainer failed or is gone
+(`asyncrl.roles.liveness`).
+
+Invariants:
+- `scored` and `rejected` count items, whichever route they came by: each scored item adds one to `scored`, each
+  refused one to `rejected` (an item whose scoring raised unexpectedly adds to neither: /score answers 500, a batch
+  gives that item the per-item status 500);
+- a batch's answer has exactly as many results as it has items, in the same order.
+
 Run: `python -m asyncrl.roles.reward --run-url s3://bucket/prefix/run_id --id 0`.
 """
 
@@ -12,13 +26,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel, ConfigDict, Field
 
+from asyncrl.rewards.api import (
+    ITEM_STATUS_FAILED,
+    ITEM_STATUS_REFUSED,
+    MAX_BATCH_ITEMS,
+    MAX_BODY_BYTES,
+    MAX_TEXT_CHARS,
+    ItemError,
+    ScoreBatchRequest,
+    ScoreBatchResponse,
+    ScoreItemFailure,
+    ScoreRequest,
+    ScoreResponse,
+)
 from asyncrl.rewards.verifier import score
 from asyncrl.roles.context import (
     RoleContext,
@@ -34,47 +61,79 @@ from asyncrl.transport.listen import bind_socket
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 8 << 20
-MAX_TEXT_CHARS = 1 << 20  # prompt or response; the body limit bounds the metadata
+__all__ = ["MAX_BATCH_ITEMS", "MAX_BODY_BYTES", "MAX_TEXT_CHARS", "ScoreRequest", "ScoreResponse", "create_app",
+           "main", "serve", "serve_app"]
 
 
-class ScoreRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-    task: str = Field(min_length=1, max_length=128)
-    prompt: str = Field(max_length=MAX_TEXT_CHARS)
-    response: str = Field(max_length=MAX_TEXT_CHARS)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+class Refused(Exception):
+    """The item is well-formed but cannot be scored; `detail` names the field (never echoes the input)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
 
 
-class ScoreResponse(BaseModel):
-    reward: float
-    details: dict[str, Any]
+def score_item(req: ScoreRequest) -> tuple[float, dict[str, Any]]:
+    """The reward and details of one request; `Refused` when it has no string `metadata.answer` or an unknown
+    task. Any other exception is a verifier bug and propagates."""
+    answer = req.metadata.get("answer")
+    if not isinstance(answer, str):
+        raise Refused("metadata.answer: expected the reference answer as a string")
+    try:
+        return score(req.task, req.response, answer)
+    except ValueError as err:
+        raise Refused(f"task: {err}") from None
 
 
 def create_app(stats: dict[str, int] | None = None, *, token: str | None,
                max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> FastAPI:
-    """The reward API; `stats` (updated in place: `scored`, `rejected`) is the role's heartbeat figures. Every
-    route requires `token` as a bearer token (None: no check, tests only); bodies are limited to `max_body_bytes`
-    and must arrive within `body_timeout_s` (408). A body that is not a score request gets 422 naming the field."""
+    """The reward API; `stats` (updated in place: `scored`, `rejected`, counted per item) is the role's heartbeat
+    figures. Every route requires `token` as a bearer token (None: no check, tests only); bodies are limited to
+    `max_body_bytes` and must arrive within `body_timeout_s` (408). A body that is not a score request (or, for
+    `/score_batch`, a list of 1..MAX_BATCH_ITEMS of them) gets 422 naming the field, without echoing the input."""
     app = FastAPI(title="asyncrl reward")
     secure_app(app, token, max_body_bytes, body_timeout_s=body_timeout_s)
     stats = stats if stats is not None else {}
     stats.setdefault("scored", 0)
     stats.setdefault("rejected", 0)
 
+    lock = threading.Lock()  # the handlers run on the server's thread pool
+
+    def count(scored: int, rejected: int) -> None:
+        with lock:
+            stats["scored"] += scored
+            stats["rejected"] += rejected
+
     @app.post("/score", response_model=ScoreResponse)
     def post_score(req: ScoreRequest) -> ScoreResponse:
-        answer = req.metadata.get("answer")
-        if not isinstance(answer, str):
-            stats["rejected"] += 1
-            raise HTTPException(422, "metadata.answer: expected the reference answer as a string")
         try:
-            reward, details = score(req.task, req.response, answer)
-        except ValueError as err:
-            stats["rejected"] += 1
-            raise HTTPException(422, f"task: {err}") from None
-        stats["scored"] += 1
+            reward, details = score_item(req)
+        except Refused as refused:
+            count(0, 1)
+            raise HTTPException(ITEM_STATUS_REFUSED, refused.detail) from None
+        count(1, 0)
         return ScoreResponse(reward=reward, details=details)
+
+    @app.post("/score_batch", response_model=ScoreBatchResponse)
+    def post_score_batch(req: ScoreBatchRequest) -> ScoreBatchResponse:
+        results: list[ScoreResponse | ScoreItemFailure] = []
+        scored = rejected = 0
+        for index, item in enumerate(req.items):
+            try:
+                reward, details = score_item(item)
+            except Refused as refused:
+                rejected += 1
+                results.append(ScoreItemFailure(error=ItemError(status=ITEM_STATUS_REFUSED, detail=refused.detail)))
+                continue
+            except Exception as err:  # a verifier bug: this item fails, the others still get their scores
+                log.exception("score_batch: item %d (task %.128r) raised", index, item.task)
+                results.append(ScoreItemFailure(error=ItemError(
+                    status=ITEM_STATUS_FAILED, detail=f"internal error while scoring: {type(err).__name__}")))
+                continue
+            scored += 1
+            results.append(ScoreResponse(reward=reward, details=details))
+        count(scored, rejected)
+        return ScoreBatchResponse(results=results)
 
     @app.get("/health")
     def health() -> dict[str, Any]:

@@ -14,8 +14,8 @@ import httpx
 
 from asyncrl.config import RunConfig
 from asyncrl.envs.execution import EnvExecutor, EnvFault
+from asyncrl.generation.client import GenerationClient
 from asyncrl.models.chat import ChatFormat
-from asyncrl.rollout.clients import GenerationClient
 from asyncrl.rollout.multiturn import MultiTurnTrajectory
 
 

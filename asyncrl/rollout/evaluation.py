@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 
+from asyncrl.generation.client import GenerationClient
 from asyncrl.models.tokenizer import decode_response, encode_prompt
 from asyncrl.rewards.verifier import score
-from asyncrl.rollout.clients import GenerationClient
 from asyncrl.tasks.arithmetic import Problem
 
 

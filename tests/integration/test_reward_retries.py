@@ -1,7 +1,9 @@
 """Reward calls: a transient failure (no answer, 429, 5xx) is retried with backoff, a refusal (4xx) is not, and when
 the attempts run out the error reaches the caller (which drops and counts the sample: never a default reward).
-The reward server is a real uvicorn process on loopback whose faults are injected on purpose: it answers 503 to
-the first N calls of each response text, then scores."""
+The reward server is a real uvicorn process on loopback speaking `/score_batch`, whose faults are injected on purpose:
+it answers 503 to a whole batch call while an item's response text has been seen in at most N calls, a per-item 503
+to the first N calls of a text starting with "item-", a per-item 422 to the text "refused", then scores. The client
+sends the score calls of one event-loop iteration as one batch call; each caller retries its own item."""
 
 import asyncio
 import socket
@@ -13,7 +15,8 @@ import time
 import httpx
 import pytest
 
-from asyncrl.rollout.clients import RemoteError, RewardClient
+from asyncrl.rewards.client import RewardClient
+from asyncrl.transport.http import RemoteError
 from asyncrl.transport.retry import RetryPolicy
 
 pytestmark = pytest.mark.integration
@@ -23,16 +26,27 @@ SERVER = textwrap.dedent("""
     from collections import Counter
     import uvicorn
     from fastapi import FastAPI, HTTPException
-    app, calls = FastAPI(), Counter()
+    app, calls, batches = FastAPI(), Counter(), []
     failures = int(sys.argv[2])
-    @app.post("/score")
-    def score(body: dict):
-        calls[body["response"]] += 1
-        if body["response"] == "refused":
-            raise HTTPException(422, "metadata.answer: expected a string")
-        if calls[body["response"]] <= failures:
+    @app.post("/score_batch")
+    def score_batch(body: dict):
+        texts = [item["response"] for item in body["items"]]
+        batches.append(texts)
+        calls.update(texts)
+        if any(calls[t] <= failures and not t.startswith("item-") and t != "refused" for t in texts):
             raise HTTPException(503, "overloaded")
-        return {"reward": 1.0, "details": {"calls": calls[body["response"]]}}
+        results = []
+        for t in texts:
+            if t == "refused":
+                results.append({"error": {"status": 422, "detail": "metadata.answer: expected a string"}})
+            elif t.startswith("item-") and calls[t] <= failures:
+                results.append({"error": {"status": 503, "detail": "busy"}})
+            else:
+                results.append({"reward": 1.0, "details": {"calls": calls[t]}})
+        return {"results": results}
+    @app.get("/batches")
+    def get_batches():
+        return batches
     uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 """)
 
@@ -90,3 +104,35 @@ def test_no_answer_is_transient():
         port = s.getsockname()[1]
     err, retries = _score(f"http://127.0.0.1:{port}", "c", attempts=3)
     assert isinstance(err, RemoteError) and err.status is None and retries == 2
+
+
+def _score_many(url: str, responses: list[str], attempts: int) -> tuple[list, int, int]:
+    async def go():
+        async with httpx.AsyncClient() as http:
+            client = RewardClient(url, http, timeout_s=5, token="t" * 20, attempts=attempts,
+                                  backoff=RetryPolicy(base_s=0.01, cap_s=0.05), rand=lambda: 0.0)
+            out = await asyncio.gather(*[client.score("arithmetic", "1+1=", r, {"answer": "2"}) for r in responses],
+                                       return_exceptions=True)
+            return out, client.retries, client.calls
+    return asyncio.run(go())
+
+
+def _batches_since(url: str, start: int) -> list[list[str]]:
+    return httpx.get(f"{url}/batches", timeout=5).json()[start:]
+
+
+def test_concurrent_calls_share_batches_and_their_retries_coalesce(flaky_server):
+    start = len(_batches_since(flaky_server, 0))
+    out, retries, calls = _score_many(flaky_server, ["d1", "d2", "d3"], attempts=4)
+    assert out == [(1.0, {"calls": 3})] * 3 and retries == 6 and calls == 3
+    assert _batches_since(flaky_server, start) == [["d1", "d2", "d3"]] * 3
+
+
+def test_a_refused_or_failing_item_does_not_fail_the_others(flaky_server):
+    start = len(_batches_since(flaky_server, 0))
+    out, retries, calls = _score_many(flaky_server, ["item-e", "refused", "item-f"], attempts=3)
+    assert out[0] == (1.0, {"calls": 3}) and out[2] == (1.0, {"calls": 3})
+    assert isinstance(out[1], RemoteError) and out[1].status == 422 and not out[1].transient
+    assert retries == 4 and calls == 3  # the per-item 503s of "item-e" and "item-f", twice each
+    assert _batches_since(flaky_server, start) == [["item-e", "refused", "item-f"], ["item-e", "item-f"],
+                                                   ["item-e", "item-f"]]
