@@ -96,8 +96,7 @@ class AgenticRunner(EnvironmentRunner):
                 elif d.group_id in self.levels:
                     ep = self.episodes[key] = _Episode()
                     ep.task = asyncio.create_task(self.run_episode(d))
-                    self.tasks.add(ep.task)
-                    ep.task.add_done_callback(self.tasks.discard)
+                    self.track(ep.task)
             elif isinstance(d, DropGroup):
                 self.levels.pop(d.group_id, None)
                 self._cancel(lambda key, gid=d.group_id: key[0] == gid)

@@ -16,6 +16,7 @@ Run: `python -m asyncrl.roles.environment --run-url s3://bucket/prefix/run_id --
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -60,7 +61,8 @@ from asyncrl.types import Group, Sample
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.1
+POLL_S = 0.1  # how often the writer reads the trainer's versions/latest.json (admission waits for it)
+DONE_CHECK_S = 1.0  # how often it looks for the run's done marker
 
 
 def prompt_stream(num_problems: int, seed: int) -> Iterator[int]:
@@ -153,6 +155,7 @@ class EnvironmentRunner:
             next(self.prompts)
         self.pending: dict[str, _Pending] = {}
         self.tasks: set[asyncio.Task] = set()
+        self._task_ended = asyncio.Event()  # set when a tracked task ends: the main loop looks at admission again
         self.written = 0
         self.rewards_sum = 0.0
         self.samples_done = 0
@@ -161,12 +164,19 @@ class EnvironmentRunner:
         self._health: list[dict[str, Any]] | None = None
 
     # ---- decisions -----------------------------------------------------------------------------------
+    def track(self, task: asyncio.Task) -> None:
+        """Keep `task` (a request or an episode) until it ends; its end wakes the main loop."""
+        self.tasks.add(task)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        self._task_ended.set()
+
     async def apply(self, decisions: list[Decision]) -> None:
         for d in decisions:
             if isinstance(d, Start):
-                task = asyncio.create_task(self.run_request(d))
-                self.tasks.add(task)
-                task.add_done_callback(self.tasks.discard)
+                self.track(asyncio.create_task(self.run_request(d)))
             elif isinstance(d, Abort):
                 if not d.resubmit:
                     log.debug("abort %s: %s", d.request_id, d.reason)
@@ -331,17 +341,23 @@ class EnvironmentRunner:
         interval = self.cfg.rollout.stats_interval_s
         last_stats = time.monotonic()
         await self.publish_stats()
+        last_done_check = last_follow = float("-inf")
         while True:
-            if await asyncio.to_thread(self.ctx.is_done):
-                break
-            await self.follow_trainer()
+            # the loop wakes whenever a request ends; the S3 reads it makes are paced by time, not by requests
+            now = time.monotonic()
+            if now - last_done_check >= DONE_CHECK_S:
+                last_done_check = now
+                if await asyncio.to_thread(self.ctx.is_done):
+                    break
+            if now - last_follow >= POLL_S:
+                last_follow = now
+                await self.follow_trainer()
             for server in await self.gens.returned(self.sched.servers_down, self.sched.min_trainable_version()):
                 await self.apply(self.sched.server_returned(server))
             await self.apply(self.admit())
-            if self.tasks:
-                await asyncio.wait(self.tasks, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
-            else:
-                await asyncio.sleep(POLL_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._task_ended.wait(), POLL_S)
+            self._task_ended.clear()
             if time.monotonic() - last_stats > interval:
                 last_stats = time.monotonic()
                 m = await self.publish_stats()

@@ -1,8 +1,10 @@
 """The training role: reads groups from S3 in order, filters stale ones, trains, bumps the version, syncs weights.
 
 One training step k (version k → k+1):
-1. wait: read groups per writer in sequence order (per-writer cursors) until B fresh groups are in hand; a group
-   with start_version < k − α is dropped and counted (ALGORITHMS.md §1), never trained on;
+1. wait: take groups per writer in sequence order (per-writer cursors) until B fresh groups are in hand; a group
+   with start_version < k − α (judged when taken) is dropped and counted (ALGORITHMS.md §1), never trained on. A
+   background thread reads ahead (`asyncrl.transport.group_prefetch`): up to B groups, during the other phases too;
+   a group only read ahead is not consumed: neither in the published `consumed` counts nor in checkpoint cursors;
 2. train (`Learner`): GRPO advantages, or GAE on the critics' values (AsyPPO: mini-critics and their masks), the
    critics' update, and the configured policy loss with the engine's behaviour log-probs, one optimizer step
    (DeepSpeed; attention credit rescales advantages inside it);
@@ -56,7 +58,7 @@ from asyncrl.transport.checkpoints import (
     save_checkpoint,
     unflatten_optimizer_state,
 )
-from asyncrl.transport.groups import GroupReader
+from asyncrl.transport.group_prefetch import GroupPrefetcher
 from asyncrl.transport.weight_sync import weights_checksum
 from asyncrl.types import Group
 
@@ -119,7 +121,10 @@ class TrainingRunner:
         tracking = ctx.store.get_json(ctx.paths.tracking()) if self.is_leader else None
         if tracking:
             self.tracker = Tracker.attach(tracking["tracking_uri"], tracking["mlflow_run_id"])
-        self.reader = GroupReader(ctx.store, ctx.paths, gap_wait_s=self.cfg.timeouts.group_gap_wait_s)
+        # the leader's read-ahead (started by `lead`); from then on its reader is the prefetch thread's alone
+        self.groups = GroupPrefetcher.for_run(ctx.store, ctx.paths, self.cfg.rollout.num_writers,
+                                              self.cfg.rollout.prompts_per_step, self.cfg.timeouts.group_gap_wait_s)
+        self.reader = self.groups.reader
         self._followers_idle = False  # the followers wait for a command: a "stop" cannot cross another collective
         self.version = 0
         self.counters = Counters()
@@ -150,7 +155,7 @@ class TrainingRunner:
         extra = {name: load_checkpoint_tensors(self.ctx.store, self.ctx.paths, v, name)
                  for name in self.learner.extra_file_names()}
         self.learner.load_extra(extra)
-        self.reader.restore(meta["cursors"])
+        self.groups.restore(meta["cursors"])
         self.counters = Counters(meta["counters"])
         self.version = v
         log.info("resumed from checkpoint %d (cursors %s)", v, meta["cursors"])
@@ -170,7 +175,8 @@ class TrainingRunner:
 
     # ---- one step ------------------------------------------------------------------------------------
     def collect(self, step: int) -> tuple[list[Group], list[Group], dict[str, int]]:
-        """Read groups until B fresh ones are in hand: (kept, dropped as stale, kept per writer)."""
+        """Take groups until B fresh ones are in hand: (kept, dropped as stale, kept per writer). Staleness is judged
+        here, when a group is taken; the wait (on the prefetch buffer, no polling here) ends by `batch_wait_s`."""
         need = self.cfg.rollout.prompts_per_step
         kept: list[Group] = []
         dropped: list[Group] = []
@@ -178,17 +184,17 @@ class TrainingRunner:
         deadline = time.monotonic() + self.cfg.timeouts.batch_wait_s
         announced = 0
         while len(kept) < need:
-            got = self.reader.poll(max_groups=need - len(kept))
-            if not got and len(dropped) > announced:
-                announced = len(dropped)
-                self.publish(self.last_metrics, kept_by_writer=by_writer)
+            got = self.groups.take(need - len(kept))
             if not got:
-                if time.monotonic() > deadline:
+                if len(dropped) > announced:
+                    announced = len(dropped)
+                    self.publish(self.last_metrics, kept_by_writer=by_writer)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     raise TimeoutError(
                         f"step {step}: {len(kept)} of {need} groups arrived within {self.cfg.timeouts.batch_wait_s:.0f}s"
                     )
-                time.sleep(0.05)
-                continue
+                got = self.groups.take(need - len(kept), timeout_s=remaining)
             alpha = self.cfg.rollout.async_ratio
             for writer, _, group in got:
                 fresh, stale = split_stale([group], step, alpha)
@@ -209,9 +215,9 @@ class TrainingRunner:
         return version % self.cfg.training.checkpoint_every == 0 or version == self.cfg.training.steps
 
     def step(self, step: int) -> dict[str, float]:
-        t0 = time.monotonic()
+        t0, cpu0 = time.monotonic(), time.process_time()
         kept, dropped, by_writer = self.collect(step)
-        t1 = time.monotonic()
+        t1, wait_cpu_s = time.monotonic(), time.process_time() - cpu0  # the whole process: the prefetch thread too
         batch = build_batch(kept, norm_std=self.cfg.training.norm_std, pad_id=self.pad_id)
         self._followers_idle = False
         train_metrics = self.learner.train_step(
@@ -248,12 +254,13 @@ class TrainingRunner:
             "staleness/max": stale["staleness_max"],
             "staleness/dropped_groups_total": c.groups_dropped_stale,
             "staleness/dropped_samples_total": c.samples_dropped_stale,
-            "storage/quarantined_objects_total": c.quarantined_objects + len(self.reader.quarantined),
-            "storage/gaps_skipped_total": c.gaps_skipped + len(self.reader.gaps_skipped),
+            "storage/quarantined_objects_total": c.quarantined_objects + len(self.groups.quarantined),
+            "storage/gaps_skipped_total": c.gaps_skipped + len(self.groups.gaps_skipped),
             "storage/retries_total": self.ctx.store.stats.retries,
             "storage/gave_up_total": self.ctx.store.stats.gave_up,
             "throughput/samples_per_s": n_samples / (t3 - t0),
             "time/wait_s": t1 - t0,
+            "time/wait_cpu_s": wait_cpu_s,
             "time/train_s": t2 - t1,
             "time/sync_s": t3 - t2,
             "time/step_s": t3 - t0,
@@ -273,7 +280,7 @@ class TrainingRunner:
         """The environment writers' latest rollout metrics (`stats/<writer>.json`), summed over writers for
         counters, per writer for the per-server figures."""
         out: dict[str, float] = {}
-        for writer in sorted(self.reader.cursors):
+        for writer in sorted(self.groups.cursors):
             doc = self.ctx.store.get_json(self.ctx.paths.rollout_stats(writer))
             for k, v in (doc or {}).get("metrics", {}).items():
                 if not isinstance(v, int | float):
@@ -292,7 +299,7 @@ class TrainingRunner:
         self.last_metrics = metrics
         doc = {
             "version": self.version,
-            "consumed": {w: n - kept.get(w, 0) for w, n in self.reader.cursors.items()},
+            "consumed": {w: n - kept.get(w, 0) for w, n in self.groups.cursors.items()},
             "trained": self.counters.trained_by_writer,
             "counters": self.run_counters(),
             "checksum": self.checksum,
@@ -305,14 +312,14 @@ class TrainingRunner:
     def run_counters(self) -> dict[str, Any]:
         """The run-wide counters, with this attempt's quarantined objects and skipped gaps added."""
         c = self.counters.as_dict()
-        c["quarantined_objects"] += len(self.reader.quarantined)
-        c["gaps_skipped"] += len(self.reader.gaps_skipped)
+        c["quarantined_objects"] += len(self.groups.quarantined)
+        c["gaps_skipped"] += len(self.groups.gaps_skipped)
         return c
 
     def checkpoint(self) -> None:
         # optimizer, then model state: the followers' `_checkpoint_collectives` order
         opt_tensors, skeleton = flatten_optimizer_state(self.policy.optimizer_state())
-        meta = {"version": self.version, "cursors": self.reader.cursors, "counters": self.run_counters(),
+        meta = {"version": self.version, "cursors": self.groups.cursors, "counters": self.run_counters(),
                 "optimizer_skeleton": skeleton}
         save_checkpoint(self.ctx.store, self.ctx.paths, self.version, self.policy.model_state(), opt_tensors, meta,
                         extra=self.learner.checkpoint_extra())
@@ -336,6 +343,7 @@ class TrainingRunner:
 
     def lead(self) -> None:
         self.resume()
+        self.groups.start()  # read ahead from the (restored) cursors while the weights connect
         weights = self.policy.named_weights()  # collective under ZeRO-3: the followers gather after "resume" too
         self._followers_idle = True
         self.connect_generation(weights)
@@ -390,6 +398,7 @@ class TrainingRunner:
             self.policy.model_state()
 
     def close(self) -> None:
+        self.groups.close()  # first: no S3 reads behind a closing role
         self.weights.close()
         self.learner.close()
 

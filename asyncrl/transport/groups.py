@@ -14,6 +14,10 @@ to `quarantine/groups/<w>/<seq>.parquet`, logged, recorded in `reader.quarantine
 original stays; the cursor, the single source of truth, moves past it). A missing object while a later
 seq of the same writer exists (a gap) is waited for `gap_wait_s`, then skipped with an error log and a
 record in `reader.gaps_skipped`: never silently.
+
+Cost: a poll GETs one key per writer and lists nothing, except a writer discovery (one delimiter listing of
+`groups/`) at most every `rediscover_interval_s` and a gap check at most every `gap_check_interval_s` per writer.
+The trainer reads through `asyncrl.transport.group_prefetch` (a background thread, idle backoff).
 """
 
 from __future__ import annotations
@@ -243,6 +247,9 @@ class GroupReader:
     a group is returned once; every object the cursor moves past without returning it is in
     `quarantined` or `gaps_skipped` (and logged). Gap checks (one listing of at most one key) run at
     most every `gap_check_interval_s` per writer, and only when that writer's cursor object is missing.
+    Writers are the ones given plus those discovered: `poll` lists `groups/` on its first call and then at
+    most every `rediscover_interval_s` (a late writer is picked up within that time). Not thread-safe:
+    one thread polls.
     """
 
     def __init__(
@@ -253,6 +260,7 @@ class GroupReader:
         gap_wait_s: float = 60.0,
         gap_check_interval_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        rediscover_interval_s: float = 5.0,
     ) -> None:
         self.store = store
         self.paths = paths
@@ -265,6 +273,8 @@ class GroupReader:
         self.gaps_skipped: list[GapRecord] = []
         self._gap_seen: dict[str, tuple[int, float]] = {}  # writer -> (missing seq, first seen)
         self._last_gap_check: dict[str, float] = {}
+        self.rediscover_interval_s = rediscover_interval_s
+        self._last_discovery: float | None = None  # clock time of the last listing of groups/
 
     @property
     def cursors(self) -> dict[str, int]:
@@ -282,6 +292,7 @@ class GroupReader:
 
     def discover_writers(self) -> list[str]:
         """Add every writer that has a folder under groups/ (cursor 0 for new ones); return all writers."""
+        self._last_discovery = self._clock()
         base = self.paths.groups_prefix()
         for prefix in self.store.list_subprefixes(base):
             name = prefix[len(base) :].rstrip("/")
@@ -292,6 +303,11 @@ class GroupReader:
                 continue
             self._cursors.setdefault(name, 0)
         return sorted(self._cursors)
+
+    def discovery_due(self) -> bool:
+        """True before the first discovery and once `rediscover_interval_s` has passed since the last."""
+        last = self._last_discovery
+        return last is None or self._clock() - last >= self.rediscover_interval_s
 
     def _quarantine(self, writer: str, seq: int, key: str, data: bytes, reason: str) -> None:
         qkey = self.paths.quarantine_group(writer, seq)
@@ -341,16 +357,17 @@ class GroupReader:
     def poll(self, max_groups: int | None = None, discover: bool = True) -> list[tuple[str, int, Group]]:
         """Read the groups available now: (writer, seq, group) in round-robin order across writers.
 
-        For each writer it GETs `groups/<w>/<cursor>.parquet` until one is missing (one miss per writer
-        per poll). An object that does not decode is quarantined and skipped, never raised; a gap is
-        waited for, then skipped (see the module docstring). Several groups in one object are returned
-        with the same (writer, seq). A StorageError (the store unreachable past its deadline) ends the
-        poll: the groups already read are returned (their cursors moved), else the error propagates;
-        either way no cursor moves past a group that is not returned.
+        With `discover`, writers are discovered first when `discovery_due()`. For each writer it GETs
+        `groups/<w>/<cursor>.parquet` until one is missing (one miss per writer per poll). An object that
+        does not decode is quarantined and skipped, never raised; a gap is waited for, then skipped (see
+        the module docstring). Several groups in one object are returned with the same (writer, seq).
+        A StorageError (the store unreachable past its deadline) ends the poll: the groups already read
+        are returned (their cursors moved), else the error propagates; either way no cursor moves past a
+        group that is not returned.
         """
         if max_groups is not None and max_groups < 1:
             raise ValueError(f"max_groups: expected >= 1 or None, got {max_groups}")
-        if discover:
+        if discover and self.discovery_due():
             self.discover_writers()
         writers = sorted(self._cursors)
         if not writers:
