@@ -43,6 +43,7 @@ from asyncrl.rollout.evaluation import evaluate
 from asyncrl.tasks.datasets import load_split
 from asyncrl.tracking.mlflow_tracker import Tracker, embedded_tracking_uri, flatten_params
 from asyncrl.transport.auth import TOKEN_ENV, auth_headers, new_token
+from asyncrl.transport.groups import GroupReader, GroupWriter
 from asyncrl.transport.run_layout import RunPaths, run_url
 from asyncrl.transport.s3 import S3Store
 from asyncrl.transport.weight_buckets import checksums_match
@@ -236,12 +237,14 @@ class EmbeddedRun:
         quarantined as unreadable) + left unconsumed at the end; plus the groups the writers had in flight when a crash
         stopped them."""
         counters, metrics = latest.get("counters", {}), latest.get("metrics", {})
-        written = sum(1 for k in store.list_keys(self.paths.groups_prefix()) if self.paths.parse_group_key(k))
+        written = sum(GroupWriter(store, self.paths, w).next_seq  # the groups of each writer's stream
+                      for w in GroupReader(store, self.paths).discover_writers())
         consumed = sum(int(v) for v in latest.get("consumed", {}).values())
         return {"groups_written": written, "groups_consumed": consumed,
                 "groups_trained": int(counters.get("groups_trained", 0)),
                 "groups_dropped_stale": int(counters.get("groups_dropped_stale", 0)),
-                "groups_quarantined": int(counters.get("quarantined_objects", 0)),
+                "groups_quarantined": int(counters.get("quarantined_groups", counters.get("quarantined_objects", 0))),
+                "objects_quarantined": int(counters.get("quarantined_objects", 0)),
                 "groups_gaps_skipped": int(counters.get("gaps_skipped", 0)),
                 "groups_left_unconsumed": written - consumed,
                 "groups_lost_at_restart": int(metrics.get("rollout/lost_at_restart_groups", 0))}

@@ -238,11 +238,8 @@ class AgenticRunner(EnvironmentRunner):
 
     async def emit(self, d: EmitGroup) -> None:
         level = self.levels.pop(d.group_id)
-        group = Group(d.group_id, level.seed, self.env_cfg.name, [level.samples[i] for i in d.sample_indices])
-        async with self.emit_lock:  # one write at a time: the writer numbers its objects in sequence
-            key = await asyncio.to_thread(self.writer.write, group)
-        self.written += 1
-        log.debug("wrote %s (%d episodes, start_version %d)", key, len(group.samples), group.start_version)
+        await self.write_group(Group(d.group_id, level.seed, self.env_cfg.name,
+                                     [level.samples[i] for i in d.sample_indices]))
 
     # ---- metrics and the loop ------------------------------------------------------------------------
     def extra_stats(self) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 For single-turn verifiable tasks: takes prompts from the train split and offers them to the `RolloutScheduler`
 (admission under α, replication, queue routing, redundancy, dynamic filtering, staleness; see its docstring), turns
 its decisions into requests and aborts on the generation servers, scores each finished sample at once through the
-reward role, and writes each kept group to S3 as one Parquet object (`groups/<writer>/<seq>.parquet`). It follows
+reward role, and writes the kept groups to S3 as Parquet objects (`groups/<writer>/<seq>.parquet`; the groups that
+finish together share one object, `write_group`). It follows
 the trainer through `versions/latest.json` (version, and how many of this writer's groups it trained and read).
 On an agentic task (`env` set) each sample is a multi-turn episode: see `asyncrl.roles.agentic`.
 With `partial_rollout: resubmit` a request aborted for a weight update is re-sent with its partial tokens appended.
@@ -61,6 +62,7 @@ from asyncrl.types import Group, Sample
 
 log = logging.getLogger(__name__)
 
+MAX_GROUPS_PER_OBJECT = 64  # groups written as one S3 object at most (one PUT, one GET, whatever the group count)
 POLL_S = 0.1  # how often the writer reads the trainer's versions/latest.json (admission waits for it)
 DONE_CHECK_S = 1.0  # how often it looks for the run's done marker
 
@@ -161,6 +163,8 @@ class EnvironmentRunner:
         self.samples_done = 0
         self.failures: dict[str, int] = {}
         self.emit_lock = asyncio.Lock()
+        self.to_write: list[Group] = []  # emitted, not yet written (see write_group)
+        self.objects_written = 0
         self._health: list[dict[str, Any]] | None = None
 
     # ---- decisions -----------------------------------------------------------------------------------
@@ -272,12 +276,27 @@ class EnvironmentRunner:
 
     async def emit(self, d: EmitGroup) -> None:
         pending = self.pending.pop(d.group_id)
-        group = Group(d.group_id, pending.problem.index, self.cfg.task.name,
-                      [pending.samples[i] for i in d.sample_indices])
-        async with self.emit_lock:  # one write at a time: the writer numbers its objects in sequence
-            key = await asyncio.to_thread(self.writer.write, group)
-        self.written += 1
-        log.debug("wrote %s (%d samples, start_version %d)", key, len(group.samples), group.start_version)
+        await self.write_group(Group(d.group_id, pending.problem.index, self.cfg.task.name,
+                                     [pending.samples[i] for i in d.sample_indices]))
+
+    async def write_group(self, group: Group) -> None:
+        """Queue `group` for S3 and write what is queued: the groups emitted in the same event-loop iteration, or
+        while the previous write was in flight, go as one object (at most `MAX_GROUPS_PER_OBJECT`). Returns once
+        `group` is written (by this call or by an earlier caller's write)."""
+        self.to_write.append(group)
+        await asyncio.sleep(0)  # let the other groups this iteration emits queue up first
+        async with self.emit_lock:  # one write at a time: objects are numbered in stream order
+            if not any(g is group for g in self.to_write):
+                return  # an earlier caller wrote it
+            while self.to_write:
+                batch = self.to_write[:MAX_GROUPS_PER_OBJECT]
+                key = await asyncio.to_thread(self.writer.write_many, batch)
+                del self.to_write[:len(batch)]
+                self.written += len(batch)
+                self.objects_written += 1
+                log.debug("wrote %s (%d groups)", key, len(batch))
+                if all(g is not group for g in self.to_write):
+                    return
 
     # ---- metrics -------------------------------------------------------------------------------------
     async def publish_stats(self) -> dict[str, float]:
@@ -291,6 +310,7 @@ class EnvironmentRunner:
         s, counts = self.sched.stats, self.sched.counts()
         metrics: dict[str, float] = {
             "rollout/admitted_groups": s.admitted, "rollout/written_groups": self.written,
+            "rollout/written_objects": self.objects_written,
             "rollout/lost_at_restart_groups": self.lost_at_restart,
             "rollout/aborted_stale_groups": s.aborted_stale_groups,
             "rollout/aborted_failed_groups": s.aborted_failed_groups,

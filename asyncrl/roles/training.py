@@ -75,6 +75,8 @@ class Counters:
         self.groups_dropped_stale = int(d.get("groups_dropped_stale", 0))
         # objects the reader moved aside or skipped in earlier attempts of the run (a resume starts a new reader)
         self.quarantined_objects = int(d.get("quarantined_objects", 0))
+        # the groups those objects held (an object may hold several; runs before that: one each)
+        self.quarantined_groups = int(d.get("quarantined_groups", self.quarantined_objects))
         self.gaps_skipped = int(d.get("gaps_skipped", 0))
         self.samples_dropped_stale = int(d.get("samples_dropped_stale", 0))
         self.staleness_sum = float(d.get("staleness_sum", 0.0))
@@ -313,6 +315,7 @@ class TrainingRunner:
         """The run-wide counters, with this attempt's quarantined objects and skipped gaps added."""
         c = self.counters.as_dict()
         c["quarantined_objects"] += len(self.groups.quarantined)
+        c["quarantined_groups"] += sum(r.groups or 1 for r in self.groups.quarantined)
         c["gaps_skipped"] += len(self.groups.gaps_skipped)
         return c
 

@@ -6,15 +6,16 @@ Owns: the prefetch thread, its buffer, the idle backoff, and the trainer's strea
 Invariants:
 - once `start()`ed, the reader (its cursors, quarantine and gap records) is used by the prefetch thread alone;
   `restore()` is allowed only before; the buffer fills only once started (the trainer's `lead` starts it);
-- a buffered group is not consumed. `cursors[w]` is the seq of writer w's first buffered (not yet taken) object,
-  or, when none is buffered, the reader's cursor: every seq before it was taken, quarantined or skipped as a gap.
+- a buffered group is not consumed. `cursors[w]` is the stream index of writer w's first buffered (not yet taken)
+  group, or, when none is buffered, the reader's cursor: every group before it was taken, quarantined or skipped as
+  a gap (it may point inside an object whose first groups were taken; `GroupReader.restore` finds it there).
   So the `consumed` counts the trainer publishes and the cursors it checkpoints cover taken groups only, and a
   resume from them re-reads whatever was only prefetched;
 - `quarantined` / `gaps_skipped` hold only the reader's records that `cursors` has moved past (those a resume
   from `cursors` would not meet again), so checkpointed counters and cursors agree;
-- objects are taken whole (all groups of one object together), round-robin across writers (the writer after the
-  last one served, by name, that has a buffered object), each writer's in seq order; the thread reads only while
-  fewer than `capacity` groups are buffered (an object holding several groups may overshoot by its extra groups);
+- groups are taken one by one, round-robin across writers (the writer after the last one served, by name, that has
+  a buffered group), each writer's in stream order, never more than asked for; the thread reads only while fewer
+  than `capacity` groups are buffered (an object holding several groups may overshoot by its extra groups);
 - after a poll that found nothing the thread waits `Backoff.next()` (`initial_s` doubling to `cap_s`), reset as
   soon as a group arrives; every wait of the thread is cut short by `close()`;
 - an exception in the thread ends it; the groups buffered before it are handed over first, then `take()` raises
@@ -29,7 +30,6 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 
 from asyncrl.transport.groups import GapRecord, GroupReader, QuarantineRecord
 from asyncrl.transport.run_layout import RunPaths
@@ -77,14 +77,6 @@ class Backoff:
         self._next = self.initial_s
 
 
-@dataclass(frozen=True)
-class _Object:
-    """One group object read ahead: its stream position and its groups."""
-
-    seq: int
-    groups: list[Group]
-
-
 class GroupPrefetcher:
     """Reads groups ahead of the trainer in a background thread; see the module docstring for the invariants.
 
@@ -101,7 +93,7 @@ class GroupPrefetcher:
         self.join_timeout_s = join_timeout_s
         self._idle_wait = idle_wait or self._wait_unless_closed
         self._cond = threading.Condition()
-        self._buffer: dict[str, deque[_Object]] = {}
+        self._buffer: dict[str, deque[tuple[int, Group]]] = {}  # writer -> (stream index, group), in order
         self._buffered = 0  # groups in the buffer
         self._last_served: str | None = None
         self._read_cursors = reader.cursors  # the reader's state as of its last poll (the thread's to update)
@@ -141,15 +133,16 @@ class GroupPrefetcher:
 
     @property
     def cursors(self) -> dict[str, int]:
-        """{writer: next seq not yet taken}: for `consumed` counts and checkpoints (see the module docstring)."""
+        """{writer: stream index of the next group not yet taken}: for `consumed` counts and checkpoints (see the
+        module docstring)."""
         with self._cond:
             return self._taken_cursors()
 
     def _taken_cursors(self) -> dict[str, int]:
         out = dict(self._read_cursors)
-        for w, objects in self._buffer.items():
-            if objects:
-                out[w] = objects[0].seq
+        for w, buffered in self._buffer.items():
+            if buffered:
+                out[w] = buffered[0][0]
         return out
 
     @property
@@ -173,8 +166,8 @@ class GroupPrefetcher:
             return self._buffered
 
     def take(self, max_groups: int, timeout_s: float = 0.0) -> list[tuple[str, int, Group]]:
-        """Take buffered groups for a step: (writer, seq, group), whole objects round-robin across writers, until
-        at least `max_groups` or the buffer is empty. Waits up to `timeout_s` for the first one; [] if none came
+        """Take buffered groups for a step: (writer, stream index, group), round-robin across writers, until
+        `max_groups` or the buffer is empty. Waits up to `timeout_s` for the first one; [] if none came
         (the buffer fills only once `start()`ed). Raises the thread's error once nothing buffered is left."""
         if max_groups < 1:
             raise ValueError(f"max_groups: expected >= 1, got {max_groups}")
@@ -184,10 +177,10 @@ class GroupPrefetcher:
             out: list[tuple[str, int, Group]] = []
             while len(out) < max_groups and self._buffered:
                 w = self._next_writer()
-                obj = self._buffer[w].popleft()
-                self._buffered -= len(obj.groups)
+                index, group = self._buffer[w].popleft()
+                self._buffered -= 1
                 self._last_served = w
-                out.extend((w, obj.seq, g) for g in obj.groups)
+                out.append((w, index, group))
             if out:
                 self._cond.notify_all()  # room for the thread
                 return out
@@ -198,8 +191,8 @@ class GroupPrefetcher:
             return out
 
     def _next_writer(self) -> str:
-        """The writer after the last one served (by name, wrapping) that has a buffered object."""
-        ready = sorted(w for w, objects in self._buffer.items() if objects)
+        """The writer after the last one served (by name, wrapping) that has a buffered group."""
+        ready = sorted(w for w, buffered in self._buffer.items() if buffered)
         last = self._last_served
         return next((w for w in ready if last is None or w > last), ready[0])
 
@@ -235,12 +228,8 @@ class GroupPrefetcher:
         return len(got)
 
     def _add(self, got: Iterable[tuple[str, int, Group]]) -> None:
-        for w, seq, g in got:
-            objects = self._buffer.setdefault(w, deque())
-            if objects and objects[-1].seq == seq:
-                objects[-1].groups.append(g)  # another group of the same object
-            else:
-                objects.append(_Object(seq, [g]))
+        for w, index, g in got:
+            self._buffer.setdefault(w, deque()).append((index, g))
             self._buffered += 1
 
     def _room(self) -> int:

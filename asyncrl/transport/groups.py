@@ -4,16 +4,23 @@ Encoding: one Parquet (zstd) table per object, one row per sample, columns `GROU
 are stored as float64 (not float32) so a Python float written is the exact float read back.
 `decode_groups` checks every column's presence, type and absence of nulls, then `Group.validate()`.
 
-Streams: writer `w` writes `groups/<w>/<seq:012d>.parquet` with seq 0, 1, 2, ... each object written
-once with a conditional PUT and never rewritten. A reader keeps one cursor per writer (the next seq
-to read) and GETs exactly that key: no reliance on listing order, and cursors are small JSON that a
-checkpoint can store and `restore()`.
+Streams: writer `w`'s groups are numbered 0, 1, 2, ... in the order written (the stream index); an object holds
+one or several consecutive groups and is named by the index of its first: `groups/<w>/<seq:012d>.parquet`, the
+next object starting at seq + its number of groups (one group per object: seq 0, 1, 2, ... as before). Each object
+is written once with a conditional PUT and never rewritten. A reader keeps one cursor per writer, the stream index
+of the next group to read, which is also how many of that writer's groups it has consumed; it GETs exactly the
+key at its cursor: no reliance on listing order, and cursors are small JSON that a checkpoint can store and
+`restore()`. A cursor may point inside an object (the trainer took part of it): `restore()` finds the object that
+holds it and the reader returns that object's groups from there on.
+
+Every object carries its group count as S3 user metadata (`GROUPS_METADATA`).
 
 Faults: an object that does not decode (truncated, not Parquet, wrong schema, invalid group) is copied
-to `quarantine/groups/<w>/<seq>.parquet`, logged, recorded in `reader.quarantined` and skipped (the
-original stays; the cursor, the single source of truth, moves past it). A missing object while a later
-seq of the same writer exists (a gap) is waited for `gap_wait_s`, then skipped with an error log and a
-record in `reader.gaps_skipped`: never silently.
+to `quarantine/groups/<w>/<seq>.parquet`, logged, recorded in `reader.quarantined` and skipped: the cursor moves
+past its groups, as many as its metadata says; without that (the metadata lost too) it moves to the writer's next
+object once that exists (where it starts says how many the bad one held). A missing object while a later seq of the same writer exists
+(a gap) is waited for `gap_wait_s`, then skipped with an error log and a record in `reader.gaps_skipped`: never
+silently.
 
 Cost: a poll GETs one key per writer and lists nothing, except a writer discovery (one delimiter listing of
 `groups/`) at most every `rediscover_interval_s` and a gap check at most every `gap_check_interval_s` per writer.
@@ -22,6 +29,7 @@ The trainer reads through `asyncrl.transport.group_prefetch` (a background threa
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import time
@@ -56,6 +64,13 @@ GROUP_SCHEMA = pa.schema(
     ]
 )
 _MAX_WRITE_ATTEMPTS = 1000
+GROUPS_METADATA = "asyncrl-groups"  # S3 user metadata of a group object: how many groups it holds
+
+
+def metadata_groups(metadata: Mapping[str, str] | None) -> int | None:
+    """The group count an object's metadata states, or None (absent or not a positive integer)."""
+    raw = (metadata or {}).get(GROUPS_METADATA, "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None
 
 
 def encode_groups(groups: Iterable[Group]) -> bytes:
@@ -165,12 +180,26 @@ def decode_group(data: bytes, source: str) -> Group:
     return groups[0]
 
 
-class GroupWriter:
-    """Writes one writer's stream `groups/<writer_id>/<seq>.parquet`, seq 0, 1, 2, ...
+def count_groups(data: bytes | None) -> int | None:
+    """How many groups an object holds (distinct group ids); None when it does not read as a group object."""
+    if data is None:
+        return None
+    try:
+        table = pq.read_table(pa.BufferReader(data), columns=["group_id"])
+    except (pa.ArrowException, OSError, ValueError):
+        return None
+    n = len(set(table.column("group_id").to_pylist()))
+    return n or None
 
-    Never overwrites: every PUT is conditional. On first use it resumes after the highest seq already
-    in S3 (a restarted writer continues its stream); a lost race (ObjectExists) advances and retries,
-    except when the object there holds exactly our bytes (our own earlier PUT).
+
+class GroupWriter:
+    """Writes one writer's stream `groups/<writer_id>/<seq>.parquet`, seq = the stream index of the object's first
+    group (the next object starts at seq + its groups).
+
+    Never overwrites: every PUT is conditional. On first use it resumes after the highest object already in S3
+    (a restarted writer continues its stream: `next_seq` is then the number of groups the stream holds); a lost race
+    (ObjectExists) moves past the object found there and retries, except when that object holds exactly our bytes
+    (our own earlier PUT).
     """
 
     def __init__(self, store: S3Store, paths: RunPaths, writer_id: str) -> None:
@@ -191,30 +220,44 @@ class GroupWriter:
             parsed = self.paths.parse_group_key(key)
             if parsed is not None and parsed[0] == self.writer_id:
                 highest = max(highest, parsed[1])
-        if highest >= 0:
-            log.info("group writer %s resumes at seq %d", self.writer_id, highest + 1)
-        return highest + 1
+        if highest < 0:
+            return 0
+        resume = highest + self._groups_at(highest)
+        log.info("group writer %s resumes at seq %d", self.writer_id, resume)
+        return resume
+
+    def _groups_at(self, seq: int, got: tuple[bytes, dict[str, str]] | None = None) -> int:
+        """The number of groups of the object at `seq`: its metadata says, else its decoded rows (1 when neither
+        does: logged)."""
+        key = self.paths.group(self.writer_id, seq)
+        got = got or self.store.get_with_metadata(key)
+        n = metadata_groups(got[1]) or count_groups(got[0]) if got is not None else None
+        if n is None:
+            log.warning("group object %s does not decode; writer %s counts it as one group", key, self.writer_id)
+            return 1
+        return n
 
     def write(self, group: Group) -> str:
         """Write one group; return its key."""
         return self.write_many([group])
 
     def write_many(self, groups: list[Group]) -> str:
-        """Write a few groups as one object; return its key."""
+        """Write consecutive groups as one object; return its key."""
         data = encode_groups(groups)
         seq = self.next_seq
         for _ in range(_MAX_WRITE_ATTEMPTS):
             key = self.paths.group(self.writer_id, seq)
             try:
-                self.store.put_bytes(key, data, if_absent=True)
+                self.store.put_bytes(key, data, if_absent=True, metadata={GROUPS_METADATA: str(len(groups))})
             except ObjectExists:
-                if self.store.get_bytes(key) == data:
+                there = self.store.get_with_metadata(key)
+                if there is not None and there[0] == data:
                     log.debug("group object %s already holds our bytes (retried PUT)", key)
                 else:
-                    log.warning("group object %s already exists; writer %s moves on to seq %d", key, self.writer_id, seq + 1)
-                    seq += 1
+                    seq += self._groups_at(seq, there)
+                    log.warning("group object %s already exists; writer %s moves on to seq %d", key, self.writer_id, seq)
                     continue
-            self._next_seq = seq + 1
+            self._next_seq = seq + len(groups)
             return key
         raise RuntimeError(f"writer {self.writer_id}: {_MAX_WRITE_ATTEMPTS} consecutive sequence numbers taken")
 
@@ -228,6 +271,7 @@ class QuarantineRecord:
     key: str
     quarantine_key: str
     reason: str
+    groups: int | None = None  # how many groups it held (its metadata, or where the next object starts); None: unknown yet
 
 
 @dataclass(frozen=True)
@@ -275,6 +319,8 @@ class GroupReader:
         self._last_gap_check: dict[str, float] = {}
         self.rediscover_interval_s = rediscover_interval_s
         self._last_discovery: float | None = None  # clock time of the last listing of groups/
+        self._maybe_inside: set[str] = set()  # restored cursors that may point inside an object
+        self._stuck: dict[str, int] = {}  # writer -> the seq of a quarantined object its cursor waits at
 
     @property
     def cursors(self) -> dict[str, int]:
@@ -289,6 +335,8 @@ class GroupReader:
                 raise ValueError(f"cursors[{w!r}]: expected a non-negative integer, got {seq!r}")
             self._cursors[w] = seq
             self._gap_seen.pop(w, None)
+            if seq > 0:
+                self._maybe_inside.add(w)
 
     def discover_writers(self) -> list[str]:
         """Add every writer that has a folder under groups/ (cursor 0 for new ones); return all writers."""
@@ -309,14 +357,21 @@ class GroupReader:
         last = self._last_discovery
         return last is None or self._clock() - last >= self.rediscover_interval_s
 
-    def _quarantine(self, writer: str, seq: int, key: str, data: bytes, reason: str) -> None:
+    def _quarantine(self, writer: str, seq: int, key: str, data: bytes, reason: str, groups: int | None) -> None:
         qkey = self.paths.quarantine_group(writer, seq)
         try:
             self.store.put_bytes(qkey, data, if_absent=True)
         except ObjectExists:
             log.info("quarantine copy %s already exists (object quarantined before a restart)", qkey)
-        self.quarantined.append(QuarantineRecord(writer, seq, key, qkey, reason))
+        self.quarantined.append(QuarantineRecord(writer, seq, key, qkey, reason, groups))
         log.warning("quarantined undecodable group object %s (copy at %s; skipped): %s", key, qkey, reason)
+
+    def _containing(self, writer: str, seq: int) -> int | None:
+        """The seq of the object that starts before `seq` and is the last to do so (a listing of the writer's
+        objects: only after a restore), or None."""
+        before = [p[1] for k in self.store.list_keys(self.paths.groups_prefix(writer))
+                  if (p := self.paths.parse_group_key(k)) is not None and p[0] == writer and p[1] < seq]
+        return max(before) if before else None
 
     def _next_existing(self, writer: str, seq: int) -> int | None:
         """The lowest seq > `seq` of `writer` that has an object, or None."""
@@ -360,7 +415,8 @@ class GroupReader:
         With `discover`, writers are discovered first when `discovery_due()`. For each writer it GETs
         `groups/<w>/<cursor>.parquet` until one is missing (one miss per writer per poll). An object that
         does not decode is quarantined and skipped, never raised; a gap is waited for, then skipped (see
-        the module docstring). Several groups in one object are returned with the same (writer, seq).
+        the module docstring). The groups of one object are returned with their stream indexes (writer,
+        seq + i, group), i = 0, 1, ...; a restored cursor inside an object returns that object from it on.
         A StorageError (the store unreachable past its deadline) ends the poll: the groups already read
         are returned (their cursors moved), else the error propagates; either way no cursor moves past a
         group that is not returned.
@@ -390,9 +446,29 @@ class GroupReader:
                 if w not in active:
                     continue
                 seq = self._cursors[w]
+                if self._stuck.get(w) == seq:  # past a quarantined object: its groups end where the next begins
+                    later = self._next_existing(w, seq)
+                    if later is None:
+                        active.discard(w)
+                    else:
+                        del self._stuck[w]
+                        self._cursors[w] = later
+                        for i in range(len(self.quarantined) - 1, -1, -1):  # its record learns how many it held
+                            r = self.quarantined[i]
+                            if r.writer == w and r.groups is None:
+                                self.quarantined[i] = dataclasses.replace(r, groups=later - r.seq)
+                                break
+                    continue
+                start, skip = seq, 0
                 key = self.paths.group(w, seq)
-                data = self.store.get_bytes(key)
-                if data is None:
+                got = self.store.get_with_metadata(key)
+                if got is None and w in self._maybe_inside:
+                    inside = self._containing(w, seq)
+                    if inside is not None:
+                        start, skip, key = inside, seq - inside, self.paths.group(w, inside)
+                        got = self.store.get_with_metadata(key)
+                self._maybe_inside.discard(w)
+                if got is None:
                     skip_to = self._after_miss(w, seq)
                     if skip_to is None:
                         active.discard(w)
@@ -400,13 +476,24 @@ class GroupReader:
                         self._cursors[w] = skip_to
                     continue
                 self._gap_seen.pop(w, None)
+                data, metadata = got
                 try:
                     groups = decode_groups(data, key)
                 except ValueError as e:
-                    self._quarantine(w, seq, key, data, str(e))
-                    self._cursors[w] = seq + 1
+                    held = metadata_groups(metadata)
+                    self._quarantine(w, start, key, data, str(e), held)
+                    if held is not None and start + held > seq:
+                        self._cursors[w] = start + held
+                    else:  # how many it held shows where the writer's next object starts
+                        self._stuck[w] = seq
                     continue
-                out.extend((w, seq, g) for g in groups)
-                self._cursors[w] = seq + 1
+                if skip >= len(groups):  # the restored cursor is at (or past) this object's end: nothing new yet
+                    if start + len(groups) != seq:
+                        log.warning("writer %s: restored cursor %d is past object %s (%d groups)", w, seq, key,
+                                    len(groups))
+                    active.discard(w)
+                    continue
+                out.extend((w, start + i, g) for i, g in enumerate(groups) if i >= skip)
+                self._cursors[w] = start + len(groups)
                 self._turn = (writers.index(w) + 1) % len(writers)
                 break

@@ -149,9 +149,13 @@ class S3Store:
 
         self._run("create bucket", where, create)
 
-    def put_bytes(self, key: str, data: bytes, *, if_absent: bool = False) -> None:
-        """Write `data` at `key`. With if_absent, write only if no object is there (else ObjectExists)."""
+    def put_bytes(self, key: str, data: bytes, *, if_absent: bool = False,
+                  metadata: dict[str, str] | None = None) -> None:
+        """Write `data` at `key` (with user `metadata`, if given). With if_absent, write only if no object is there
+        (else ObjectExists)."""
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "Body": data}
+        if metadata:
+            kwargs["Metadata"] = metadata
         if if_absent:
             kwargs["IfNoneMatch"] = "*"
         where = self._where(key)
@@ -177,15 +181,21 @@ class S3Store:
 
     def get_bytes(self, key: str) -> bytes | None:
         """The object's bytes, or None when there is no object at `key`."""
+        got = self.get_with_metadata(key)
+        return None if got is None else got[0]
 
-        def get(_: int) -> bytes | None:
+    def get_with_metadata(self, key: str) -> tuple[bytes, dict[str, str]] | None:
+        """The object's bytes and user metadata, or None when there is no object at `key`."""
+
+        def get(_: int) -> tuple[bytes, dict[str, str]] | None:
             try:
                 resp = self._client.get_object(Bucket=self.bucket, Key=key)
             except ClientError as e:
                 if _code(e) in _MISSING_CODES or _status(e) == 404:
                     return None
                 raise
-            return resp["Body"].read()  # a body cut short raises IncompleteReadError: retried
+            body = resp["Body"].read()  # a body cut short raises IncompleteReadError: retried
+            return body, {str(k).lower(): str(v) for k, v in (resp.get("Metadata") or {}).items()}
 
         return self._run("get", self._where(key), get)
 

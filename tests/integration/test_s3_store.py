@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.local.seaweed import EmbeddedS3, sweep_stale_socket_dirs
-from asyncrl.transport.groups import GroupReader, GroupWriter, encode_group
+from asyncrl.transport.groups import GROUPS_METADATA, GroupReader, GroupWriter, encode_group
 from asyncrl.transport.run_layout import RunPaths
 from asyncrl.transport.s3 import ObjectExists, S3Store, StorageError
 from asyncrl.types import Group, Sample
@@ -167,10 +167,18 @@ def test_reader_quarantines_corrupt_group_naming_key(s3_store: S3Store) -> None:
     s3_store.put_bytes(paths.group("env0", 1), b"garbage")
     reader = GroupReader(s3_store, paths, writers=["env0"])
     assert [g.group_id for _, _, g in reader.poll()] == ["ok"]  # a malformed object never raises out of poll
-    assert reader.cursors == {"env0": 2}  # the good one was consumed, the bad one skipped
     [rec] = reader.quarantined
     assert rec.key.endswith("groups/env0/000000000001.parquet") and "not a readable Parquet" in rec.reason
     assert s3_store.get_bytes(paths.quarantine_group("env0", 1)) == b"garbage"
+    # without its metadata (how many groups it held) the cursor waits at it until the writer's next object
+    assert reader.cursors == {"env0": 1} and rec.groups is None
+    s3_store.put_bytes(paths.group("env0", 2), encode_group(group("next")), metadata={GROUPS_METADATA: "1"})
+    assert [g.group_id for _, _, g in reader.poll()] == ["next"]
+    assert reader.cursors == {"env0": 3} and reader.quarantined[0].groups == 1
+    # with its metadata it is skipped at once, by as many groups as it held
+    s3_store.put_bytes(paths.group("env0", 3), b"garbage too", metadata={GROUPS_METADATA: "4"})
+    assert reader.poll() == []
+    assert reader.cursors == {"env0": 7} and reader.quarantined[1].groups == 4
 
 
 def test_sigterm_stops_server_quickly(tmp_path: Path) -> None:

@@ -123,12 +123,15 @@ def test_take_is_round_robin_across_writers_and_calls() -> None:
     assert [w for w, _, _ in p.take(4)] == ["env2", "env0", "env2", "env0"]
 
 
-def test_an_object_of_several_groups_is_taken_whole() -> None:
-    reader = ScriptedReader([returns(("env0", 0, group("x")), ("env0", 0, group("y")), ("env0", 1, group("z")))])
+def test_an_object_of_several_groups_may_be_taken_in_part() -> None:
+    # one object at index 0 holding x, y (indexes 0, 1), the next at index 2 holding z
+    reader = ScriptedReader([returns(("env0", 0, group("x")), ("env0", 1, group("y")), ("env0", 2, group("z")))])
     p = prefetcher(reader)
     p.fetch_once(8)
-    assert ids(p.take(1)) == [("env0", 0, "x"), ("env0", 0, "y")]
-    assert p.cursors == {"env0": 1}
+    assert ids(p.take(1)) == [("env0", 0, "x")]
+    assert p.cursors == {"env0": 1}  # inside the first object: a resume re-reads y
+    assert ids(p.take(5)) == [("env0", 1, "y"), ("env0", 2, "z")]
+    assert p.cursors == {"env0": 3}
 
 
 def test_quarantine_and_gap_records_count_once_the_taken_cursor_passes_them() -> None:
@@ -299,15 +302,15 @@ class CountingStore:
 
     def __init__(self, folders: list[str]) -> None:
         self.folders = folders
-        self.calls: dict[str, int] = {"list_subprefixes": 0, "get_bytes": 0, "first_key_after": 0}
+        self.calls: dict[str, int] = {"list_subprefixes": 0, "get": 0, "first_key_after": 0}
         self.lock = threading.Lock()
 
     def list_subprefixes(self, prefix: str) -> list[str]:
         self.calls["list_subprefixes"] += 1
         return [f"{prefix}{f}/" for f in self.folders]
 
-    def get_bytes(self, key: str) -> bytes | None:
-        self.calls["get_bytes"] += 1
+    def get_with_metadata(self, key: str) -> tuple[bytes, dict[str, str]] | None:
+        self.calls["get"] += 1
         return None
 
     def first_key_after(self, prefix: str, start_after: str) -> str | None:
@@ -323,7 +326,7 @@ def test_reader_lists_writers_at_start_then_at_most_every_interval() -> None:
     for t in (100.0, 101.0, 104.9):
         now[0] = t
         assert reader.poll() == []
-    assert store.calls == {"list_subprefixes": 1, "get_bytes": 3, "first_key_after": 1}
+    assert store.calls == {"list_subprefixes": 1, "get": 3, "first_key_after": 1}
     store.folders.append("env1")  # a late writer
     now[0] = 105.0
     reader.poll()
