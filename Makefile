@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint unit build-model bench calibrate stability credit-overhead agentic agentic-bench faults images push-images clean
+.PHONY: install run test lint unit build-model bench bench-efficiency calibrate stability credit-overhead agentic agentic-bench faults images push-images clean
 
 install: $(STAMP)
 
@@ -49,6 +49,12 @@ bench: $(STAMP)
 
 calibrate: $(STAMP)
 	$(PY) benchmarks/calibrate_cost_model.py
+
+# Efficiency of the whole system, default and long-tail jobs side by side: the real run against the raw vLLM engine,
+# TRL's GRPOTrainer (its own venv, .cache/bench-trl-venv, built on first use), the pipeline's own limit and the
+# simulator, plus control-plane CPU per trained sample; figures in benchmarks/results/efficiency.json.
+bench-efficiency: $(STAMP)
+	$(PY) benchmarks/efficiency.py
 
 # The loss stability study: 13 real runs per seed, about 40 minutes each seed on 2 cores.
 stability: $(STAMP)

@@ -1,0 +1,39 @@
+"""The simulator's prediction for the job: `cpu-tiny` cost model (this machine's calibrated constants), one
+generation server and one trainer (2 "GPUs", train share 0.5), the job's α, batch and decode lengths.
+
+Decode lengths: the length-tail job's lognormal (median, sigma, capped at max_new_tokens); otherwise a fixed length,
+the raw engine's measured mean response (the answers stop at EOS), or max_new_tokens without it. Prompt length: the
+raw engine's measured mean, or the task's longest prompt without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def simulate_job(cfg: Any, raw: dict[str, Any] | None, steps: int) -> dict[str, Any]:
+    from asyncrl.sim import Dist, SimConfig, Workload, preset, rlvr_workload, simulate
+
+    ro = cfg.rollout
+    cost, notes = preset("cpu-tiny")
+    prompt = round(raw["mean_prompt_tokens"]) if raw and raw.get("mean_prompt_tokens") else cfg.task.max_prompt_tokens()
+    if ro.length_tail is not None:
+        wl = rlvr_workload(ro.length_tail.median_tokens, ro.length_tail.sigma, ro.max_new_tokens, prompt)
+        workload = {"kind": "rlvr", "median": ro.length_tail.median_tokens, "sigma": ro.length_tail.sigma,
+                    "max_tokens": ro.max_new_tokens, "prompt": prompt}
+    else:
+        resp = max(1, round(raw["mean_response_tokens"])) if raw and raw.get("mean_response_tokens") else ro.max_new_tokens
+        wl = Workload(response_tokens=Dist("fixed", resp, lo=1, hi=resp), prompt_tokens=Dist("fixed", prompt))
+        workload = {"kind": "fixed", "median": resp, "prompt": prompt}
+    sim_cfg = {"gpus": 2, "train_share": 0.5, "mode": ro.mode, "async_ratio": ro.async_ratio,
+               "prompts_per_step": ro.prompts_per_step, "group_size": ro.samples_per_prompt,
+               "extra_samples": ro.extra_samples_per_prompt, "extra_groups": ro.extra_groups,
+               "routing": ro.routing, "replicate": ro.replicate_prompts, "dynamic_filter": ro.dynamic_filter,
+               "partial_rollout": ro.partial_rollout, "steps": max(steps, 12), "warmup_steps": 1}
+    result = simulate(SimConfig(**sim_cfg), cost, wl).to_dict()
+    cli = ("asyncrl simulate --preset cpu-tiny " + " ".join(f"--set {k}={v}" for k, v in sim_cfg.items())
+           + " " + " ".join(f"--set workload.{k}={v}" for k, v in workload.items()))
+    return {"samples_per_s": result["samples_per_s"], "tokens_per_s": result["tokens_per_s"],
+            "step_s": result["mean_step_s"], "gen_busy": result["gen_busy"], "train_busy": result["train_busy"],
+            "staleness_mean": result["staleness_mean"], "config": sim_cfg, "workload": workload, "cli": cli,
+            "cost": cost.to_dict(), "cost_notes": notes}
