@@ -43,6 +43,7 @@ from asyncrl.models.tiny import resolve_model_path
 from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.roles.context import RoleContext, role_arg_parser, setup_logging
 from asyncrl.roles.role_metrics import read_role_metrics
+from asyncrl.roles.step_reporter import StepReporter
 from asyncrl.roles.weight_group import WeightGroup
 from asyncrl.tracking.mlflow_tracker import Tracker
 from asyncrl.training.batch import build_batch
@@ -120,6 +121,7 @@ class TrainingRunner:
         self.channel = self.policy.channel
         self.is_leader = self.policy.is_leader
         self.tracker: Tracker | None = None
+        self.reporter: StepReporter | None = None  # the leader's, started by `lead`
         tracking = ctx.store.get_json(ctx.paths.tracking()) if self.is_leader else None
         if tracking:
             self.tracker = Tracker.attach(tracking["tracking_uri"], tracking["mlflow_run_id"])
@@ -273,10 +275,14 @@ class TrainingRunner:
                 metrics[f"staleness/{k}"] = float(v)
         for lag, count in staleness_histogram(kept, step, self.cfg.rollout.async_ratio).items():
             metrics[f"staleness/hist_{lag}"] = float(count)
-        metrics.update(self.rollout_metrics())
-        metrics.update(read_role_metrics(self.ctx.store, self.ctx.paths))
+        metrics.update(self.reporter.external() if self.reporter is not None else {})
         metrics.update(self.weights.metrics())
         return metrics
+
+    def external_metrics(self) -> dict[str, float]:
+        """The other roles' figures: the writers' rollout stats and every role's heartbeat metrics (S3 reads: the
+        step reporter's thread calls this, never the step)."""
+        return {**self.rollout_metrics(), **read_role_metrics(self.ctx.store, self.ctx.paths)}
 
     def rollout_metrics(self) -> dict[str, float]:
         """The environment writers' latest rollout metrics (`stats/<writer>.json`), summed over writers for
@@ -345,6 +351,10 @@ class TrainingRunner:
         self._command("stop", self.cfg.training.steps, 0.0)
 
     def lead(self) -> None:
+        tracker = self.tracker
+        self.reporter = StepReporter(
+            self.external_metrics,
+            (lambda m, step, ts: tracker.log_metrics(m, step=step, timestamp_ms=ts)) if tracker is not None else None)
         self.resume()
         self.groups.start()  # read ahead from the (restored) cursors while the weights connect
         weights = self.policy.named_weights()  # collective under ZeRO-3: the followers gather after "resume" too
@@ -355,8 +365,8 @@ class TrainingRunner:
         for step in range(self.version, steps):
             metrics = self.step(step)
             self.publish(metrics)
-            if self.tracker is not None:
-                self.tracker.log_metrics(metrics, step=self.version)
+            assert self.reporter is not None
+            self.reporter.submit(metrics, self.version)
             if self.checkpoint_due(self.version):
                 # after the push: the followers join the checkpoint's collectives only when told, so a long push
                 # (the generation group re-formed) never runs a training collective past its deadline
@@ -367,6 +377,7 @@ class TrainingRunner:
                      self.version, steps, metrics["reward/mean"], metrics["reward/accuracy"],
                      metrics.get("train/loss", float("nan")), metrics["staleness/mean"],
                      int(metrics["staleness/max"]), metrics["throughput/samples_per_s"])
+        self.reporter.flush(self.cfg.timeouts.http_s)  # every step in MLflow before the run is marked done
         self.ctx.store.put_json(self.ctx.paths.done(), {"version": self.version, "time": time.time()})
 
     # ---- followers (ranks 1..W-1) ----------------------------------------------------------------------
@@ -401,6 +412,8 @@ class TrainingRunner:
             self.policy.model_state()
 
     def close(self) -> None:
+        if self.reporter is not None:
+            self.reporter.close(self.cfg.timeouts.http_s)
         self.groups.close()  # first: no S3 reads behind a closing role
         self.weights.close()
         self.learner.close()

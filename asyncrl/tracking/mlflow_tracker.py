@@ -163,9 +163,10 @@ class Tracker:
         for i in range(0, len(items), _PARAMS_PER_BATCH):
             self.client.log_batch(self.run_id, params=items[i : i + _PARAMS_PER_BATCH], synchronous=True)
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """Log `metrics` at `step`; values must be numbers (bool/int/float); inf becomes an error."""
-        now = int(time.time() * 1000)
+    def log_metrics(self, metrics: Mapping[str, float], step: int, timestamp_ms: int | None = None) -> None:
+        """Log `metrics` at `step` (at `timestamp_ms`, default now); values must be numbers (bool/int/float); inf
+        becomes an error."""
+        now = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
         items = []
         for k, v in metrics.items():
             try:
