@@ -32,14 +32,14 @@ from urllib.parse import urlsplit
 import httpx
 
 from asyncrl.config import RunConfig
+from asyncrl.evaluation.agentic import evaluate_agentic
+from asyncrl.evaluation.single_turn import evaluate
 from asyncrl.local.processes import ProcessGroup
 from asyncrl.local.resume import LOCAL_CONFIG, ResumeError, prepare_resume
 from asyncrl.local.seaweed import EmbeddedS3
 from asyncrl.models.tiny import resolve_model_path
 from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.roles.context import base_url, wait_for_rendezvous
-from asyncrl.rollout.agentic_eval import evaluate_agentic
-from asyncrl.rollout.evaluation import evaluate
 from asyncrl.tasks.datasets import load_split
 from asyncrl.tracking.mlflow_tracker import Tracker, embedded_tracking_uri, flatten_params
 from asyncrl.transport.auth import TOKEN_ENV, auth_headers, new_token

@@ -1,7 +1,7 @@
-"""The environment role on an agentic task: multi-turn episodes against environments, one asyncio task each.
+"""The episode sample kind: on an agentic task one sample is a multi-turn episode against an environment.
 
-`AgenticRunner` keeps everything of `EnvironmentRunner` (admission under α, routing, redundancy, staleness, group
-writing, stats) and replaces what one sample is: an episode of turns. Each episode is its own task:
+`EpisodeKind` is what one sample is for the `RolloutDriver` (which owns admission under α, routing, redundancy,
+staleness, group writing, stats and the loop): an episode of turns. Each episode is its own asyncio task:
 reset the environment (through `EnvExecutor`: off the event loop, with a per-call deadline and a per-environment
 concurrency limit), then repeat: generate one turn on the server the scheduler chose, step the environment with the
 decoded reply, render the observation with the model's chat template (`ChatFormat`) and ask the scheduler for the
@@ -15,6 +15,16 @@ Faults: an environment call that raises, returns garbage or misses its deadline 
 by kind, logged with the reason); the scheduler replaces it within its group (`rollout.replace_failed`) or aborts the
 group, and admission replaces the group. A failed episode never reaches a written group. `ProgressWatch` reports
 episodes without progress for `env.hang_report_s`.
+
+Invariants:
+- at most one task per (group, sample): a `Start` for a live episode (its next turn, or the re-sent continuation of
+  its turn) is queued on that episode (`_Episode.starts`), never started as a second task;
+- a level's record (`_Level`) exists from admission until `group_for_emit` or `drop_group`; dropping a group or a
+  sample cancels its episodes (except the one that is calling: it sees its group gone and returns);
+- an episode's sample is stored in its level before `sample_scored` is reported; its environment is closed when its
+  task ends, however it ends;
+- the decisions of one batch that need no await (starts, drops, cancels) are applied before the awaited ones
+  (aborts, the S3 write of an emitted group): episodes are cancelled, and next turns queued, before anything awaits.
 """
 
 from __future__ import annotations
@@ -27,12 +37,13 @@ from typing import Any
 from asyncrl.envs.execution import EnvExecutor, EnvFault, EnvHandle
 from asyncrl.envs.hang import ProgressWatch
 from asyncrl.models.chat import ChatFormat
-from asyncrl.rewards.client import RewardClient
-from asyncrl.roles.context import RoleContext, instance_index
-from asyncrl.roles.environment import EnvironmentRunner, sample_seed
-from asyncrl.roles.generation_servers import GenerationServers, log_lost
+from asyncrl.models.tiny import resolve_model_path
+from asyncrl.models.tokenizer import load_tokenizer
+from asyncrl.roles.context import instance_index
+from asyncrl.roles.generation_servers import log_lost
+from asyncrl.roles.rollout_driver import RolloutDriver, sample_seed
 from asyncrl.rollout.multiturn import MultiTurnTrajectory
-from asyncrl.rollout.scheduler import Decision, DropGroup, DropSample, EmitGroup, Start
+from asyncrl.rollout.scheduler import DropGroup, DropSample, EmitGroup, Start
 from asyncrl.transport.http import RemoteError
 from asyncrl.types import Group, Sample
 
@@ -54,9 +65,16 @@ def injection_key(group_seq: int, sample_index: int) -> int:
 
 @dataclass
 class _Level:
+    """One admitted group: the level all its episodes play, and its finished samples."""
+
     seed: int
     seq: int
+    prompt_tokens: int  # the prompt length offered at admission (an estimate: the last episode's first prompt)
     samples: dict[int, Sample] = field(default_factory=dict)
+
+    @property
+    def prompt_index(self) -> int:
+        return self.seed
 
 
 @dataclass
@@ -65,50 +83,55 @@ class _Episode:
     starts: list[Start] = field(default_factory=list)  # the scheduler's next Start for this episode, if any
 
 
-class AgenticRunner(EnvironmentRunner):
-    """One environment writer on an agentic task (see the module docstring)."""
+class EpisodeKind:
+    """The `SampleKind` of an agentic task (see the module docstring)."""
 
-    def __init__(self, ctx: RoleContext, gens: GenerationServers, reward: RewardClient) -> None:
-        super().__init__(ctx, gens, reward)
-        env = self.cfg.env
+    local_decisions_first = True  # cancel and queue episodes before awaiting an abort or a group's S3 write
+    skipped_long_prompts = 0  # an episode's prompt is rendered from its environment, never skipped
+
+    def __init__(self, driver: RolloutDriver) -> None:
+        cfg = driver.cfg
+        env = cfg.env
         assert env is not None
-        self.env_cfg = env
+        self.driver, self.cfg, self.sched, self.gens, self.env_cfg = driver, cfg, driver.sched, driver.gens, env
+        self.tokenizer = load_tokenizer(resolve_model_path(cfg))
+        self.eos_id = int(self.tokenizer.eos_token_id)
         self.chat = ChatFormat(self.tokenizer)
         self.executor = EnvExecutor(env.executor, env.max_concurrent_steps, env.step_timeout_s)
         self.watch = ProgressWatch(env.hang_report_s)
         self.levels: dict[str, _Level] = {}
         self.episodes: dict[tuple[str, int], _Episode] = {}
-        self.writer_index = instance_index(ctx.role_id)
+        self.writer_index = instance_index(driver.ctx.role_id)
         self.prompt_estimate = 64
         self.env_faults: dict[str, int] = {}
         self.failed_episodes: list[str] = []  # "<group>/<sample>: <reason>", the first MAX_FAILED_LISTED
         self.episodes_finished = self.successes = self.turns_total = self.stalled_reports = 0
 
-    # ---- decisions -----------------------------------------------------------------------------------
-    async def apply(self, decisions: list[Decision]) -> None:
-        rest: list[Decision] = []
-        for d in decisions:
-            if isinstance(d, Start):
-                key = (d.group_id, d.sample_index)
-                ep = self.episodes.get(key)
-                if ep is not None:  # the next turn, or a re-sent continuation, of a live episode
-                    ep.starts.append(d)
-                elif d.group_id in self.levels:
-                    ep = self.episodes[key] = _Episode()
-                    ep.task = asyncio.create_task(self.run_episode(d))
-                    self.track(ep.task)
-            elif isinstance(d, DropGroup):
-                self.levels.pop(d.group_id, None)
-                self._cancel(lambda key, gid=d.group_id: key[0] == gid)
-            elif isinstance(d, DropSample):
-                self._cancel(lambda key, d=d: key == (d.group_id, d.sample_index))
-            else:
-                rest.append(d)
-        for d in rest:
-            if isinstance(d, EmitGroup):
-                await self.emit(d)
-            else:
-                await super().apply([d])
+    # ---- admission and decisions ---------------------------------------------------------------------
+    def next_group(self, seq: int) -> _Level:
+        return _Level(train_level_seed(self.env_cfg.seed, self.writer_index, seq), seq, self.prompt_estimate)
+
+    def admitted(self, group_id: str, record: _Level) -> None:
+        self.levels[group_id] = record
+
+    def start(self, d: Start) -> asyncio.Task | None:
+        key = (d.group_id, d.sample_index)
+        ep = self.episodes.get(key)
+        if ep is not None:  # the next turn, or a re-sent continuation, of a live episode
+            ep.starts.append(d)
+            return None
+        if d.group_id not in self.levels:
+            return None
+        ep = self.episodes[key] = _Episode()
+        ep.task = asyncio.create_task(self.run_episode(d))
+        return ep.task
+
+    def drop_group(self, d: DropGroup) -> None:
+        self.levels.pop(d.group_id, None)
+        self._cancel(lambda key, gid=d.group_id: key[0] == gid)
+
+    def drop_sample(self, d: DropSample) -> None:
+        self._cancel(lambda key, d=d: key == (d.group_id, d.sample_index))
 
     def _cancel(self, match: Any) -> None:
         """Cancel the episodes `match` selects, except the calling one (it sees its group gone and returns)."""
@@ -117,16 +140,9 @@ class AgenticRunner(EnvironmentRunner):
             if match(key) and ep.task is not None and ep.task is not me:
                 ep.task.cancel()
 
-    def admit(self) -> list[Decision]:
-        decisions: list[Decision] = []
-        while self.sched.can_admit():
-            seq = self.sched.stats.admitted
-            seed = train_level_seed(self.env_cfg.seed, self.writer_index, seq)
-            out = self.sched.offer_prompt(seed, self.prompt_estimate)
-            gid = out[0].group_id  # type: ignore[union-attr]
-            self.levels[gid] = _Level(seed, seq)
-            decisions += out
-        return decisions
+    def group_for_emit(self, d: EmitGroup) -> Group:
+        level = self.levels.pop(d.group_id)
+        return Group(d.group_id, level.seed, self.env_cfg.name, [level.samples[i] for i in d.sample_indices])
 
     # ---- one episode ---------------------------------------------------------------------------------
     async def run_episode(self, first: Start) -> None:
@@ -167,7 +183,7 @@ class AgenticRunner(EnvironmentRunner):
                     await self._finish(gid, idx, traj, result.info, "length")
                     return
                 traj.end_turn(result.reward, between)
-                await self.apply(self.sched.env_stepped(gid, idx, len(between), done=False))
+                await self.driver.apply(self.sched.env_stepped(gid, idx, len(between), done=False))
                 ep = self.episodes.get(key)
                 start = ep.starts.pop(0) if ep is not None and ep.starts else None
         except EnvFault as fault:
@@ -175,17 +191,17 @@ class AgenticRunner(EnvironmentRunner):
             log.warning("episode %s/%d failed in its environment: %s", gid, idx, fault)
             if len(self.failed_episodes) < MAX_FAILED_LISTED:
                 self.failed_episodes.append(f"{gid}/{idx}: {fault}")
-            await self.apply(self.sched.env_failed(gid, idx))
+            await self.driver.apply(self.sched.env_failed(gid, idx))
         except RemoteError as err:
-            self._count_failure("generate", first, err)
+            self.driver.count_failure("generate", first, err)
             if len(self.failed_episodes) < MAX_FAILED_LISTED:
                 self.failed_episodes.append(f"{gid}/{idx}: generate: {err}")
-            await self.apply(self.sched.sample_failed(gid, idx))
+            await self.driver.apply(self.sched.sample_failed(gid, idx))
         except Exception as err:  # noqa: BLE001 - a bug or a bad setting must fail the episode, not hang its group
             log.exception("episode %s/%d failed: %s", gid, idx, err)
             if len(self.failed_episodes) < MAX_FAILED_LISTED:
                 self.failed_episodes.append(f"{gid}/{idx}: internal: {err}")
-            await self.apply(self.sched.sample_failed(gid, idx))
+            await self.driver.apply(self.sched.sample_failed(gid, idx))
         finally:
             self.episodes.pop(key, None)
             self.watch.forget(key)
@@ -210,7 +226,7 @@ class AgenticRunner(EnvironmentRunner):
             if not err.server_unavailable:
                 raise
             log_lost(d, err)  # re-sent elsewhere: the scheduler's Start continues this turn
-            await self.apply(self.sched.request_lost(d.group_id, d.sample_index))
+            await self.driver.apply(self.sched.request_lost(d.group_id, d.sample_index))
             while self.sched.is_parked(d.group_id, d.sample_index):  # every server is down: wait for one back
                 await asyncio.sleep(0.2)
             return True
@@ -218,7 +234,7 @@ class AgenticRunner(EnvironmentRunner):
         aborted = out.finish_reason == "abort"
         if not aborted and not out.token_ids:
             raise RemoteError(f"episode {d.group_id}/{d.sample_index}: the server returned no token")
-        await self.apply(self.sched.request_finished(d.group_id, d.sample_index, len(out.token_ids), aborted))
+        await self.driver.apply(self.sched.request_finished(d.group_id, d.sample_index, len(out.token_ids), aborted))
         return aborted
 
     async def _finish(self, gid: str, idx: int, traj: MultiTurnTrajectory, info: dict[str, Any],
@@ -231,17 +247,11 @@ class AgenticRunner(EnvironmentRunner):
         self.episodes_finished += 1
         self.successes += int(bool(info.get("success", False)))
         self.turns_total += traj.num_turns
-        self.samples_done += 1
-        self.rewards_sum += sample.reward
-        await self.apply(self.sched.env_stepped(gid, idx, 0, done=True))
-        await self.apply(self.sched.sample_scored(gid, idx, sample.reward))
+        self.driver.sample_finished(sample.reward)
+        await self.driver.apply(self.sched.env_stepped(gid, idx, 0, done=True))
+        await self.driver.apply(self.sched.sample_scored(gid, idx, sample.reward))
 
-    async def emit(self, d: EmitGroup) -> None:
-        level = self.levels.pop(d.group_id)
-        await self.write_group(Group(d.group_id, level.seed, self.env_cfg.name,
-                                     [level.samples[i] for i in d.sample_indices]))
-
-    # ---- metrics and the loop ------------------------------------------------------------------------
+    # ---- metrics and shutdown ------------------------------------------------------------------------
     def extra_stats(self) -> dict[str, Any]:
         return {"failed_episodes": list(self.failed_episodes)}
 
@@ -250,15 +260,15 @@ class AgenticRunner(EnvironmentRunner):
             self.stalled_reports += 1
             log.warning("episode %s/%d: no progress for %.0f s (waiting for %s)", key[0], key[1], idle, what)
         n = max(1, self.episodes_finished)
-        metrics = {**super().extra_metrics(), "env/episodes": float(self.episodes_finished),
+        metrics = {"env/episodes": float(self.episodes_finished),
                    "env/success_rate": self.successes / n, "env/mean_turns": self.turns_total / n,
                    "env/stalled_reports": float(self.stalled_reports),
                    "env/faults": float(sum(self.env_faults.values()))}
         metrics.update({f"env/faults_{k}": float(v) for k, v in sorted(self.env_faults.items())})
         return metrics
 
-    async def shutdown(self) -> None:
-        await super().shutdown()
+    async def close(self) -> None:
+        """Close the environment executor (every episode task has ended: the driver cancelled and awaited them)."""
         await self.executor.aclose()
         log.info("episodes finished %d, success %d, environment faults %s", self.episodes_finished,
                  self.successes, self.env_faults or "none")

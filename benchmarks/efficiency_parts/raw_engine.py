@@ -2,7 +2,7 @@
 
 One batch = one training step's samples: `prompts_per_step` prompts of the train split (the order of environment
 writer env0's prompt stream, encoded as the environment role encodes them) × `samples_per_prompt`, each with the
-environment role's per-sample seed and decode budget (`EnvironmentRunner._budget`: the length-tail budgets with
+environment role's per-sample seed and decode budget (`single_turn.sample_budget`: the length-tail budgets with
 `ignore_eos`, else `max_new_tokens` stopping at EOS) and log-probs. Engine settings are those of
 `GenerationEngine.start` (checked against its source: `engine_args_drift`). One warm-up batch, then `batches` timed.
 Writes the first timed batch (prompt and response ids, log-probs, rewards) for the train-step part.
@@ -15,7 +15,6 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from efficiency_parts.common import ROOT, part_args, write_result
@@ -51,14 +50,14 @@ def make_batches(cfg: Any, tok: Any, count: int) -> list[list[dict[str, Any]]]:
     """`count` batches of one step's requests, as environment writer env0 would send them (first turn)."""
     from asyncrl.models.tokenizer import encode_prompt
     from asyncrl.roles.context import instance_index
-    from asyncrl.roles.environment import EnvironmentRunner, prompt_stream, sample_seed
+    from asyncrl.roles.rollout_driver import sample_seed
+    from asyncrl.roles.single_turn import prompt_stream, sample_budget
     from asyncrl.tasks.datasets import load_split
     from asyncrl.tasks.prompt_fit import prompts_that_fit
 
     ro = cfg.rollout
     problems, _ = prompts_that_fit(cfg, tok, load_split(cfg.task, "train"))
     stream = prompt_stream(len(problems), cfg.task.seed + 7919 * instance_index("env0"))
-    budget_of = SimpleNamespace(cfg=cfg)  # `_budget` reads only self.cfg
     batches = []
     for b in range(count):
         batch = []
@@ -68,7 +67,7 @@ def make_batches(cfg: Any, tok: Any, count: int) -> list[list[dict[str, Any]]]:
             ids = encode_prompt(tok, problem.prompt)
             for i in range(ro.samples_per_prompt):
                 batch.append({"seq": seq, "index": i, "prompt": problem.prompt, "answer": problem.answer,
-                              "prompt_ids": ids, "budget": EnvironmentRunner._budget(budget_of, seq, i),
+                              "prompt_ids": ids, "budget": sample_budget(cfg, seq, i),
                               "seed": sample_seed(cfg.generation.seed, seq, i, ro.samples_per_prompt)})
         batches.append(batch)
     return batches
