@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint unit build-model bench bench-efficiency calibrate stability credit-overhead agentic agentic-bench faults images push-images clean
+.PHONY: install run test lint unit build-model bench bench-efficiency bench-control-plane calibrate stability credit-overhead agentic agentic-bench faults images push-images clean
 
 install: $(STAMP)
 
@@ -55,6 +55,10 @@ calibrate: $(STAMP)
 # simulator, plus control-plane CPU per trained sample; figures in benchmarks/results/efficiency.json.
 bench-efficiency: $(STAMP)
 	$(PY) benchmarks/efficiency.py
+
+# Control-plane CPU per trained sample at 256 and ~5,000 samples per step, stand-in generation and trainer (~4 min).
+bench-control-plane: $(STAMP)
+	$(PY) benchmarks/control_plane.py
 
 # The loss stability study: 13 real runs per seed, about 40 minutes each seed on 2 cores.
 stability: $(STAMP)

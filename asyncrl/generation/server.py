@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -314,6 +315,7 @@ async def run_server(
         engine = await GenerationEngine.start(settings)
         if on_engine is not None:
             on_engine(engine)
+        gc.freeze()  # the start-up's objects out of the cyclic collector's reach (requests allocate per sample)
         config = uvicorn.Config(create_app(engine, token), log_level="warning", access_log=False, timeout_graceful_shutdown=5)
         server = _Server(config)
         serving = asyncio.create_task(server.serve(sockets=[sock]))
