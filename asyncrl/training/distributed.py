@@ -69,7 +69,7 @@ def micro_batches_per_rank(num_rows: int, world_size: int, micro_batch_size: int
 
 def masked_row(batch: TrainBatch) -> TrainBatch:
     """A one-row micro batch (row 0 of `batch`) on which nothing is trained: its loss and gradient are 0."""
-    row = batch.split(1)[0]
+    row = select_rows(batch, 0, 1).split(1)[0]
     parts = {f.name: getattr(row, f.name) for f in fields(row)}
     for name in _MASKED_FIELDS:
         parts[name] = torch.zeros_like(parts[name])
@@ -91,8 +91,9 @@ def shard_micro_batches(
     if len(rows):
         share = select_rows(batch, rows.start, rows.stop)
         own = [(mb, False) for mb in share.split(micro_batch_size)]
-    pad = masked_row(batch)
-    return own + [(pad, True)] * (n_micro - len(own))
+    if len(own) == n_micro:
+        return own
+    return own + [(masked_row(batch), True)] * (n_micro - len(own))
 
 
 def select_rows(batch: TrainBatch, start: int, stop: int) -> TrainBatch:
