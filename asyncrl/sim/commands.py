@@ -1,9 +1,15 @@
 """The `asyncrl simulate` and `asyncrl plan` subcommands (argument parsing and printing only).
 
-    asyncrl simulate [--preset gpu-7b|cpu-tiny] [--set key=value ...] [--json PATH]
+    asyncrl simulate [--preset gpu-7b|cpu-tiny] [--set key=value ...] [--json PATH] [--no-baseline]
         keys: any SimConfig field (gpus, mode, async_ratio, train_share, prompts_per_step, group_size, steps, ...),
         cost.<CostModel field>, workload.<kind|median|sigma|max_tokens|prompt|turns|env_median_s|reward_p|seed>
     asyncrl plan --gpus 64 --model-size 7e9 --median-tokens 3000 --max-tokens 32768 [--json PATH]
+
+`--preset cpu-tiny` defaults to the default job (configs/default.yaml: 32 prompts × 8 samples, micro batch 256, a
+checkpoint every 10 steps, one server and one trainer on the 2 cores: gpus=2, train_share=0.5) and its workload
+(`workload.kind=calibrated`: the response lengths and prompt length `make calibrate` measured for it; else 6 tokens
+of a 6-token prompt). `simulate` also prints the control-plane overheads per step (`step_budget`) and, unless
+`--no-baseline`, the same run without them (`CostModel.without_control_plane`): what they cost.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.sim.config import SimConfig
-from asyncrl.sim.cost_model import PRESETS, preset
+from asyncrl.sim.cost_model import PRESETS, calibrated_workload, preset
+from asyncrl.sim.overheads import step_budget
 from asyncrl.sim.planner import PlanRequest, format_plan, make_plan
 from asyncrl.sim.report import format_table
 from asyncrl.sim.simulator import simulate
@@ -32,6 +39,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="SimConfig field, cost.<field> or workload.<field>; repeatable")
     s.add_argument("--json", dest="json_path", default=None, help="write the result as JSON here")
+    s.add_argument("--no-baseline", action="store_true", help="skip the run without control-plane overheads")
+    s.add_argument("--calibration", default=None, help="cpu-tiny calibration file (default: "
+                   "benchmarks/results/cost_model_cpu.json)")
     p = sub.add_parser("plan", help="simulate async ratios x training shares for a cluster and recommend one")
     p.add_argument("--gpus", type=int, default=64)
     p.add_argument("--gpus-per-server", type=int, default=1)
@@ -77,7 +87,7 @@ def _parse_sets(items: list[str]) -> tuple[dict[str, Any], dict[str, Any], dict[
     return sim, cost, wl
 
 
-def _workload(spec: dict[str, Any], max_default: int) -> Workload:
+def _workload(spec: dict[str, Any], max_default: int, calibration: Path | None = None) -> Workload:
     kind = spec.get("kind", "rlvr")
     seed = int(spec.get("seed", 0))
     if kind == "rlvr":
@@ -90,30 +100,57 @@ def _workload(spec: dict[str, Any], max_default: int) -> Workload:
         n = int(spec.get("median", 256))
         wl = Workload(response_tokens=Dist("fixed", n, lo=1, hi=n), prompt_tokens=Dist("fixed", spec.get("prompt", 64)),
                       seed=seed)
+    elif kind == "calibrated":  # the default job's measured lengths (cost_model_cpu.json), else 6 tokens
+        measured = calibrated_workload(calibration) if calibration else calibrated_workload()
+        prompt = int(spec.get("prompt", measured[0] if measured else 6))
+        lengths = tuple(float(x) for x in (measured[1] if measured else (6,)))
+        wl = Workload(response_tokens=Dist("empirical", values=lengths, lo=1, hi=max(lengths)),
+                      prompt_tokens=Dist("fixed", prompt), seed=seed)
     else:
-        raise ValueError(f"workload.kind: expected rlvr|agentic|fixed, got {kind!r}")
+        raise ValueError(f"workload.kind: expected rlvr|agentic|fixed|calibrated, got {kind!r}")
     if "reward_p" in spec:
         wl = replace(wl, reward_p=float(spec["reward_p"]))
     return wl
 
 
+CPU_TINY_JOB = {"gpus": 2, "train_share": 0.5, "mode": "async", "async_ratio": 1, "prompts_per_step": 32,
+                "group_size": 8, "micro_batch_size": 256, "checkpoint_every": 10, "steps": 12, "warmup_steps": 2}
+
+
 def run_simulate(args: argparse.Namespace) -> dict[str, Any]:
     sim_kw, cost_kw, wl_kw = _parse_sets(args.overrides)
-    cost, notes = preset(args.preset)
+    calibration = Path(args.calibration) if getattr(args, "calibration", None) else None
+    cost, notes = preset(args.preset, calibration)
     cost = cost.with_overrides(**cost_kw)
     small = args.preset == "cpu-tiny"
-    cfg = SimConfig(**({"prompts_per_step": 32, "group_size": 8} if small else {})).with_overrides(**sim_kw)
-    wl = _workload(({"kind": "fixed", "median": 6, "prompt": 12} if small else {}) | wl_kw, 32768)
+    cfg = SimConfig(**(CPU_TINY_JOB if small else {})).with_overrides(**sim_kw)
+    wl = _workload(({"kind": "calibrated"} if small else {}) | wl_kw, 32768, calibration)
     result = simulate(cfg, cost, wl)
     row = result.to_dict()
     print(format_table([row]))
+    print(f"as the trainer measures it (steady_samples_per_s): {result.trainer_samples_per_s:.1f} samples/s, "
+          f"wait/train/sync {result.wait_s:.2f}/{result.train_s:.2f}/{result.sync_s:.2f} s per step")
     print(f"§6: mu_gen={result.mu_gen_s:.3f}s L_gen={result.l_gen_s:.2f}s mu_train={result.mu_train_s:.3f}s "
           f"(worker-seconds per sample); bound {result.bound_step_s:.2f}s/step, simulated {result.mean_step_s:.2f}s "
           f"= {result.bound_share:.2f} of it; beta*={result.beta_star:.3f}; max async speedup "
           f"{result.max_speedup_bound:.2f}x")
     print("staleness histogram (samples):", {k: v for k, v in sorted(result.staleness_hist.items())})
+    requests = cfg.prompts_per_step * (cfg.group_size + cfg.extra_samples)
+    tokens = result.extra.get("tokens_per_step", 0.0)
+    budget = step_budget(cost, requests, result.servers, result.extra.get("objects_per_step", 0.0), tokens,
+                         cfg.checkpoint_every)
+    print(f"control-plane overheads at {requests} requests per step (seconds per step): "
+          + ", ".join(f"{k} {v:.3f}" for k, v in budget.items()))
     doc = {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()},
-           "cost": cost.to_dict(), "cost_notes": notes, "preset": args.preset, "result": row}
+           "cost": cost.to_dict(), "cost_notes": notes, "preset": args.preset, "result": row,
+           "overheads_per_step": budget}
+    if not getattr(args, "no_baseline", False) and cost.without_control_plane() != cost:
+        base = simulate(cfg, cost.without_control_plane(), wl)
+        share = 1 - result.samples_per_s / base.samples_per_s if base.samples_per_s > 0 else 0.0
+        print(f"without the control-plane overheads: {base.samples_per_s:.2f} samples/s, {base.mean_step_s:.2f} s "
+              f"per step; the overheads cost {share:.1%} of the throughput")
+        doc["baseline_without_overheads"] = base.to_dict()
+        doc["overheads_throughput_cost"] = share
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(doc, indent=2, default=str))
     return doc

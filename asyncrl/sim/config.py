@@ -2,7 +2,9 @@
 
 `mode="sync"`: colocated, the classic synchronous system: every GPU generates (α forced to 0), then every GPU
 trains, then the weights are re-synced. `mode="async"`: disaggregated: `train_share` β of the GPUs train, the
-rest serve generation (`gpus // gpus_per_server` servers), both at once.
+rest serve generation (`gpus // gpus_per_server` servers), both at once. The trainer's job settings that the cost
+model needs: `micro_batch_size` (the trainer pads each micro batch to its longest sample; 0: no padding) and
+`checkpoint_every` (a checkpoint costs `checkpoint_s` every that many steps; 0: never).
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ class Slowdown:
 
 @dataclass(frozen=True)
 class Failure:
+    """Server `server` dies at `at_s` (its requests are lost and re-sent); it answers again at `back_at_s`."""
+
     server: int
     at_s: float
+    back_at_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -45,11 +50,12 @@ class SimConfig:
     replicate: bool = True
     dynamic_filter: bool = False
     partial_rollout: PartialRollout = "continue"
+    micro_batch_size: int = 0
+    checkpoint_every: int = 0
     steps: int = 8
     warmup_steps: int = 2
     slowdowns: tuple[Slowdown, ...] = field(default_factory=tuple)
     failures: tuple[Failure, ...] = field(default_factory=tuple)
-    fail_timeout_s: float = 60.0  # a request sent to a dead server fails after this deadline
     check_every: int = 0  # check the scheduler's invariants every this many events (0: at step ends only)
     max_sim_s: float = 1e8
 
@@ -60,10 +66,14 @@ class SimConfig:
             raise ValueError(f"train_share: expected 0 < β < 1, got {self.train_share}")
         if self.steps <= self.warmup_steps or self.warmup_steps < 0:
             raise ValueError(f"steps ({self.steps}) must exceed warmup_steps ({self.warmup_steps}) >= 0")
-        if self.fail_timeout_s <= 0:
-            raise ValueError(f"fail_timeout_s: expected > 0, got {self.fail_timeout_s}")
+        for f in self.failures:
+            if f.back_at_s is not None and f.back_at_s <= f.at_s:
+                raise ValueError(f"failure of server {f.server}: back_at_s ({f.back_at_s}) must follow at_s ({f.at_s})")
         if self.gpus < 1:
             raise ValueError(f"gpus: expected >= 1, got {self.gpus}")
+        if self.micro_batch_size < 0 or self.checkpoint_every < 0:
+            raise ValueError(f"micro_batch_size, checkpoint_every: expected >= 0, got {self.micro_batch_size}, "
+                             f"{self.checkpoint_every}")
 
     @property
     def alpha(self) -> int:

@@ -6,7 +6,8 @@ factor). Between two events B is constant and C grows by B per step, so advancin
 approximation of whole steps) takes `f·(x·(a + b·B + c·C0) + c·B·x²/2)`; the inverse is a quadratic root. No
 per-token loop: an event costs O(log B) plus the requests it touches.
 
-A joining request first stalls the server for its prefill (`prefill_per_token · context`); a weight-sync pause
+A joining request first stalls the server for its prefill, the engine's own per-request work and the control-plane
+CPU it shares the cores with (`prefill_per_token · context + request_s + cpu_s`); a weight-sync pause
 stops decoding until `paused_until` (running requests then continue: partial rollout).
 
 Invariants: `steps` never decreases; a running request has generated `steps − join_step` tokens (fluid) and
@@ -32,6 +33,7 @@ class _Req:
     rid: str
     context: int  # tokens sent (prompt + earlier turns)
     new_tokens: int  # tokens this request will generate
+    cpu_s: float = 0.0  # control-plane CPU spent on this server's time when it joins (shared cores)
     join_step: float = 0.0
     finish_step: float = 0.0
 
@@ -115,12 +117,12 @@ class SimServer:
             r.join_step, r.finish_step = self.steps, self.steps + r.new_tokens
             self.running[rid] = r
             self.ctx += r.context
-            self.stall += self.factor * self.cost.prefill_per_token * r.context
+            self.stall += self.factor * (self.cost.prefill_per_token * r.context + self.cost.request_s + r.cpu_s)
             heapq.heappush(self._heap, (r.finish_step, rid))
 
-    def submit(self, t: float, rid: str, context: int, new_tokens: int) -> None:
+    def submit(self, t: float, rid: str, context: int, new_tokens: int, cpu_s: float = 0.0) -> None:
         self.advance(t)
-        self.waiting[rid] = _Req(rid, context, new_tokens)
+        self.waiting[rid] = _Req(rid, context, new_tokens, cpu_s)
         self._admit_waiting()
         self.epoch += 1
 

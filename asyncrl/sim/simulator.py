@@ -1,15 +1,20 @@
 """The discrete-event simulator: drives ONE real `RolloutScheduler` with a virtual clock, like the environment role.
 
-The loop: offer prompts while `can_admit()`; a `Start` becomes a request on a `SimServer` (continuous batching,
-advanced analytically); a completion → `request_finished` → (agentic: environment latency → `env_stepped`) →
-reward latency → `sample_scored`; an `Abort` takes the request off its server (with `resubmit`, its partial
-tokens come back through `request_finished(..., aborted=True)`); an `EmitGroup` queues the group for the trainer.
-The trainer reads groups in order, drops those with start_version < k − α, trains W groups (cost model), syncs
-the weights (servers paused; running requests continue afterwards), then calls `version_advanced`.
+The loop: offer prompts while `can_admit()`; a `Start` passes the environment writer's CPU and its server's front
+end (`FifoStage`s, `env_s` and `frontend_s` per request; on shared cores, `shared_cpu`, that CPU is spent on the
+server's time instead) and becomes a request on a `SimServer` (continuous batching, advanced analytically); a completion reaches the environment `http_call_s` later → `request_finished` →
+(agentic: environment latency → `env_stepped`) → reward (`score_latency` plus the workload's reward latency) →
+`sample_scored`; an `Abort` takes the request off its server (with `resubmit`, its partial tokens come back through
+`request_finished(..., aborted=True)`); an `EmitGroup` goes to the trainer (`asyncrl.sim.trainer`: through S3 when
+the cost model has a data path, then the trainer's steps, weight syncs and bookkeeping, and `version_advanced` when
+the writer sees the published version).
 
-Failures (our choice, the scheduler API cannot route around a server): a dead server's requests fail at once
-(`sample_failed`); a request the scheduler still sends there fails after `fail_timeout_s`, like a request
-deadline, and meanwhile counts as work on that server so the scheduler's routing avoids it.
+Failures take the production path: a server that dies loses its requests; each is reported with
+`RolloutScheduler.request_lost` (the connection broke), which marks the server down and re-sends the sample, with its
+tokens so far, to a live server (parked while none is); a request the scheduler still sends there is lost at once
+(connection refused). A failed server may come back (`Failure.back_at_s`): `server_returned` routes to it again.
+Slow-downs scale a server's step time. CPU sharing (`corun_*_factor` > 1): training runs slower while a server
+decodes, and servers decode slower while the trainer trains (checked after every event).
 
 Events at one time run in insertion order; the run is deterministic for a seed.
 """
@@ -20,15 +25,17 @@ import heapq
 import itertools
 import logging
 import math
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass
 
 from asyncrl.rollout.decisions import Abort, Decision, DropGroup, DropSample, EmitGroup, Start
 from asyncrl.rollout.scheduler import RolloutScheduler
 from asyncrl.sim.config import SimConfig
 from asyncrl.sim.cost_model import CostModel
+from asyncrl.sim.overheads import FifoStage, score_latency
 from asyncrl.sim.report import SimResult, build_result
 from asyncrl.sim.server import SimServer
+from asyncrl.sim.trainer import Emitted, SimTrainer
 from asyncrl.sim.workload import SamplePlan, Workload
 
 __all__ = ["Simulator", "simulate"]
@@ -49,14 +56,6 @@ class _Sample:
     generated: int = 0
 
 
-@dataclass
-class _Emitted:
-    start_version: int
-    tokens: int
-    generated: int
-    samples: int
-
-
 class Simulator:
     """One simulated run (see the module docstring). `run()` returns a `SimResult`."""
 
@@ -72,50 +71,53 @@ class Simulator:
         self._group_keys: dict[str, set[int]] = {}
         self._plans: dict[str, list[SamplePlan]] = {}
         self._per_group = config.group_size + config.extra_samples
-        self._rid: dict[str, Key] = {}
-        self._dead: dict[str, Key] = {}  # requests sent to a failed server, failing at their deadline
+        self._rid: dict[str, Key] = {}  # requests on a server
+        self._queued: dict[str, Key] = {}  # requests still in the control plane's queues
+        self._answering: dict[str, Key] = {}  # finished requests whose answer is on its way to the environment
         self._next_prompt = 0
-        self._queue: deque[_Emitted] = deque()
-        self._batch: list[_Emitted] = []
-        self._training = False
-        self._train_started = 0.0
-        self.k = 0
-        self.trained = self.consumed = self.dropped_stale = 0
-        self.step_ends: list[float] = []
-        self.step_samples: list[tuple[int, int, int]] = []  # per step: samples, tokens, generated tokens
-        self.train_busy_s = 0.0
-        self.staleness: Counter[int] = Counter()
+        self.env_stage = FifoStage()
+        self.frontends = [FifoStage() for _ in self.servers]
+        self._slow = [1.0] * len(self.servers)
+        self._corun = cost.corun_train_factor > 1 or cost.corun_decode_factor > 1
+        self.trainer = SimTrainer(self)
         self.latencies: list[float] = []
-        self.failed_requests = 0
+        self.failed_requests = 0  # requests lost at a failed server (re-sent elsewhere)
         self._events_done = 0
         self.window: dict[str, float] = {"t": 0.0, "gen_busy_s": 0.0, "train_busy_s": 0.0, "latencies": 0.0}
 
     # ---- event queue -------------------------------------------------------------------------------------------
-    def _push(self, t: float, ev: tuple) -> None:
+    def push(self, t: float, ev: tuple) -> None:
         heapq.heappush(self._events, (t, next(self._seq), ev))
 
     def _reschedule(self, s: SimServer) -> None:
         t = s.next_completion()
         if t < math.inf:
-            self._push(t, ("srv", s.index, s.epoch))
+            self.push(t, ("srv", s.index, s.epoch))
 
     # ---- run ---------------------------------------------------------------------------------------------------
     def run(self) -> SimResult:
         for f in self.cfg.failures:
-            self._push(f.at_s, ("fail", f.server))
+            self.push(f.at_s, ("fail", f.server))
+            if f.back_at_s is not None:
+                self.push(f.back_at_s, ("back", f.server))
         for sd in self.cfg.slowdowns:
-            self._push(sd.at_s, ("slow", sd.server, sd.factor))
+            self.push(sd.at_s, ("slow", sd.server, sd.factor))
+        self.trainer.start_polling()
         self._admit()
-        while len(self.step_ends) < self.cfg.steps:
+        while len(self.trainer.step_ends) < self.cfg.steps:
             if not self._events:
-                raise RuntimeError(f"simulation stalled at t={self.now:.3f}s after {len(self.step_ends)} steps: "
-                                   f"no event left (scheduler {self.sched.counts()}, trainer queue {len(self._queue)})")
+                raise RuntimeError(f"simulation stalled at t={self.now:.3f}s after {len(self.trainer.step_ends)} "
+                                   f"steps: no event left (scheduler {self.sched.counts()}, trainer buffer "
+                                   f"{len(self.trainer.queue)})")
             t, _, ev = heapq.heappop(self._events)
             if t > self.cfg.max_sim_s:
-                raise RuntimeError(f"simulation passed max_sim_s={self.cfg.max_sim_s} after {len(self.step_ends)} steps")
+                raise RuntimeError(f"simulation passed max_sim_s={self.cfg.max_sim_s} after "
+                                   f"{len(self.trainer.step_ends)} steps")
             self.now = t
             self._handle(ev)
             self._admit()
+            if self._corun:
+                self._cpu_share()
             self._events_done += 1
             if self.cfg.check_every and self._events_done % self.cfg.check_every == 0:
                 self.sched.check_invariants()
@@ -133,7 +135,11 @@ class Simulator:
             done = s.complete(self.now)
             self._reschedule(s)
             for rid, new in done:
-                self._finished(rid, new)
+                self._finished(rid, new, len(done))
+        elif kind == "submit":
+            self._submit(ev[1], ev[2])
+        elif kind == "answer":
+            self._answered(ev[1], ev[2], ev[3])
         elif kind == "env":
             self._env_done(ev[1], ev[2])
         elif kind == "score":
@@ -141,31 +147,47 @@ class Simulator:
             st = self._samples.get(key)
             if st is not None:
                 self.latencies.append(self.now - st.started_s)
-                self._apply(self.sched.sample_scored(key[0], key[1], st.plan.reward))
-        elif kind == "train_done":
-            self._train_done()
-        elif kind == "sync_done":
-            self._sync_done()
-        elif kind == "timeout":
-            key = self._dead.pop(ev[1], None)
-            if key is not None:
-                self.failed_requests += 1
-                self._apply(self.sched.sample_failed(*key))
+                self.apply(self.sched.sample_scored(key[0], key[1], st.plan.reward))
+        elif kind == "lost":
+            self.failed_requests += 1
+            self.apply(self.sched.request_lost(*ev[1]))
         elif kind == "fail":
             self._fail(ev[1])
+        elif kind == "back":
+            self.servers[ev[1]].failed = False
+            self.apply(self.sched.server_returned(ev[1]))
         elif kind == "slow":
-            s = self.servers[ev[1]]
-            s.set_factor(self.now, ev[2])
-            self._reschedule(s)
+            self._slow[ev[1]] = ev[2]
+            self._set_factor(ev[1])
+        elif not self.trainer.handle(ev):
+            raise ValueError(f"unknown simulator event {ev!r}")
 
     def _admit(self) -> None:
         while self.sched.can_admit():
             p = self._next_prompt
             self._next_prompt += 1
-            self._apply(self.sched.offer_prompt(p, self.wl.prompt_length(p)))
+            self.apply(self.sched.offer_prompt(p, self.wl.prompt_length(p)))
+
+    # ---- CPU sharing and server speed --------------------------------------------------------------------------
+    def _set_factor(self, i: int) -> None:
+        corun = self.cost.corun_decode_factor if self._corun and self.trainer.phase == "train" else 1.0
+        s = self.servers[i]
+        if s.factor != self._slow[i] * corun:
+            s.set_factor(self.now, self._slow[i] * corun)
+            self._reschedule(s)
+
+    def _cpu_share(self) -> None:
+        self.trainer.cpu_changed(any(s.running and not s.failed and s.paused_until <= self.now for s in self.servers))
+        for i in range(len(self.servers)):
+            self._set_factor(i)
+
+    def pause_all(self, until: float) -> None:
+        for s in self.servers:
+            s.pause(self.now, until)
+            self._reschedule(s)
 
     # ---- decisions ---------------------------------------------------------------------------------------------
-    def _apply(self, decisions: list[Decision]) -> None:
+    def apply(self, decisions: list[Decision]) -> None:
         todo = deque(decisions)
         while todo:
             d = todo.popleft()
@@ -200,24 +222,44 @@ class Simulator:
             self._samples[key] = st
             self._group_keys.setdefault(d.group_id, set()).add(d.sample_index)
         st.tokens = d.context_tokens
-        rid = d.request_id
-        server = self.servers[d.server]
-        if server.failed:
-            self._dead[rid] = key
-            self._push(self.now + self.cfg.fail_timeout_s, ("timeout", rid))
+        c = self.cost
+        self._queued[d.request_id] = key
+        queued = 1.0 - c.shared_cpu
+        if queued > 0 and (c.env_s > 0 or c.frontend_s > 0):  # the control plane's queues first
+            t = self.env_stage.enter(self.now, queued * c.env_s)
+            t = self.frontends[d.server].enter(t, queued * c.frontend_s)
+            self.push(t, ("submit", d.request_id, d.server))
+            return
+        self._submit(d.request_id, d.server)
+
+    def _submit(self, rid: str, index: int) -> None:
+        key = self._queued.pop(rid, None)
+        st = self._samples.get(key) if key else None
+        if key is None or st is None:
+            return  # aborted while queued
+        server = self.servers[index]
+        if server.failed:  # connection refused: the scheduler marks the server down and re-sends the sample
+            self.push(self.now, ("lost", key))
             return
         self._rid[rid] = key
-        server.submit(self.now, rid, d.context_tokens, max(1, st.remaining))
+        server.submit(self.now, rid, st.tokens, max(1, st.remaining), self.cost.shared_cpu * (self.cost.env_s
+                                                                                             + self.cost.frontend_s))
         self._reschedule(server)
 
     def _abort(self, d: Abort) -> list[Decision]:
         key = (d.group_id, d.sample_index)
-        if self._dead.pop(d.request_id, None) is not None:
-            generated = 0
-        else:
-            self._rid.pop(d.request_id, None)
+        rid = d.request_id
+        if rid in self._answering:  # already finished: the answer is on its way and will count as finished
+            if d.resubmit:
+                return []
+            del self._answering[rid]
+            self._forget(key)
+            return []
+        generated = 0
+        if self._queued.pop(rid, None) is None:
+            self._rid.pop(rid, None)
             server = self.servers[d.server]
-            generated = server.remove(self.now, d.request_id)
+            generated = server.remove(self.now, rid)
             self._reschedule(server)
         st = self._samples.get(key)
         if not d.resubmit:
@@ -229,19 +271,34 @@ class Simulator:
             st.generated += generated
         return self.sched.request_finished(d.group_id, d.sample_index, generated, aborted=True)
 
-    def _finished(self, rid: str, new_tokens: int) -> None:
+    def _finished(self, rid: str, new_tokens: int, together: int) -> None:
         key = self._rid.pop(rid, None)
+        if key is None or key not in self._samples:
+            return
+        if self.cost.http_call_s > 0:
+            self._answering[rid] = key
+            self.push(self.now + self.cost.http_call_s, ("answer", rid, new_tokens, together))
+            return
+        self._answering[rid] = key
+        self._answered(rid, new_tokens, together)
+
+    def _answered(self, rid: str, new_tokens: int, together: int) -> None:
+        key = self._answering.pop(rid, None)
         st = self._samples.get(key) if key else None
         if key is None or st is None:
             return
         st.tokens += new_tokens
         st.generated += new_tokens
         st.remaining = 0
-        self._apply(self.sched.request_finished(key[0], key[1], new_tokens))
+        self.apply(self.sched.request_finished(key[0], key[1], new_tokens))
         if self.wl.agentic:
-            self._push(self.now + st.plan.env_latency_s[st.turn], ("env", key, st.turn))
+            self.push(self.now + st.plan.env_latency_s[st.turn], ("env", key, st.turn))
         else:
-            self._push(self.now + self.wl.reward_latency_s, ("score", key))
+            self._score(key, together)
+
+    def _score(self, key: Key, together: int) -> None:
+        latency = self.wl.reward_latency_s + score_latency(self.cost, together)
+        self.push(self.now + latency, ("score", key))
 
     def _env_done(self, key: Key, turn: int) -> None:
         st = self._samples.get(key)
@@ -253,85 +310,39 @@ class Simulator:
         st.tokens += obs
         if not done:
             st.remaining = st.plan.response_tokens[st.turn]
-        self._apply(self.sched.env_stepped(key[0], key[1], obs, done))
+        self.apply(self.sched.env_stepped(key[0], key[1], obs, done))
         if done:
-            self._push(self.now + self.wl.reward_latency_s, ("score", key))
+            self._score(key, 1)
 
     def _emit(self, d: EmitGroup) -> None:
-        tokens = generated = 0
+        lengths, generated = [], 0
         for i in d.sample_indices:
             st = self._samples.get((d.group_id, i))
             if st is not None:
-                tokens += st.tokens
+                lengths.append(st.tokens)
                 generated += st.generated
         for i in self._group_keys.pop(d.group_id, set()):
             self._samples.pop((d.group_id, i), None)
         self._plans.pop(d.group_id, None)
-        self._queue.append(_Emitted(d.start_version, tokens, generated, len(d.sample_indices)))
-        self._feed()
+        self.trainer.emit(Emitted(d.start_version, sum(lengths), generated, len(d.sample_indices), lengths))
 
-    # ---- trainer -----------------------------------------------------------------------------------------------
-    def _feed(self) -> None:
-        if self._training:
-            return
-        w = self.cfg.prompts_per_step
-        while self._queue and len(self._batch) < w:
-            g = self._queue.popleft()
-            self.consumed += 1
-            if g.start_version < self.k - self.cfg.alpha:
-                self.dropped_stale += 1
-            else:
-                self._batch.append(g)
-        if len(self._batch) < w:
-            return
-        self._training = True
-        dt = self.cost.train_time(sum(g.tokens for g in self._batch), self.train_gpus)
-        self._train_started = self.now
-        if self.cfg.mode == "sync":  # colocated: the generation GPUs train, then reload the weights
-            self._pause_all(self.now + dt + self.cost.sync_time)
-        self._push(self.now + dt, ("train_done",))
-
-    def _pause_all(self, until: float) -> None:
-        for s in self.servers:
-            s.pause(self.now, until)
-            self._reschedule(s)
-
-    def _train_done(self) -> None:
-        self.train_busy_s += self.now - self._train_started
-        if self.cfg.mode == "async":
-            self._pause_all(self.now + self.cost.sync_time)
-        self._push(self.now + self.cost.sync_time, ("sync_done",))
-
-    def _sync_done(self) -> None:
-        for g in self._batch:
-            self.staleness[self.k - g.start_version] += g.samples
-        self.step_samples.append((sum(g.samples for g in self._batch), sum(g.tokens for g in self._batch),
-                                  sum(g.generated for g in self._batch)))
-        self._batch = []
-        self.k += 1
-        self.trained += self.cfg.prompts_per_step
-        self.step_ends.append(self.now)
-        if len(self.step_ends) == self.cfg.warmup_steps:
-            self._snapshot()
-        self._training = False
-        self._apply(self.sched.version_advanced(self.k, self.trained, self.consumed))
+    # ---- trainer hooks -----------------------------------------------------------------------------------------
+    def step_ended(self) -> None:
+        if len(self.trainer.step_ends) == self.cfg.warmup_steps:
+            for s in self.servers:
+                s.advance(self.now)
+            self.window = {"t": self.now, "gen_busy_s": sum(s.busy_s for s in self.servers),
+                           "train_busy_s": self.trainer.busy_s, "latencies": float(len(self.latencies)),
+                           "objects": float(self.trainer.objects_written)}
         if self.cfg.check_every == 0:
             self.sched.check_invariants()
-        self._feed()
-
-    def _snapshot(self) -> None:
-        for s in self.servers:
-            s.advance(self.now)
-        self.window = {"t": self.now, "gen_busy_s": sum(s.busy_s for s in self.servers),
-                       "train_busy_s": self.train_busy_s, "latencies": float(len(self.latencies))}
 
     def _fail(self, index: int) -> None:
-        s = self.servers[index]
-        for rid in s.fail(self.now):
+        for rid in self.servers[index].fail(self.now):
             key = self._rid.pop(rid, None)
             if key is not None:
                 self.failed_requests += 1
-                self._apply(self.sched.sample_failed(*key))
+                self.apply(self.sched.request_lost(*key))
 
 
 def simulate(config: SimConfig, cost: CostModel, workload: Workload) -> SimResult:

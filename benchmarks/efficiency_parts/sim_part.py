@@ -29,7 +29,8 @@ def simulate_job(cfg: Any, raw: dict[str, Any] | None, steps: int) -> dict[str, 
                "prompts_per_step": ro.prompts_per_step, "group_size": ro.samples_per_prompt,
                "extra_samples": ro.extra_samples_per_prompt, "extra_groups": ro.extra_groups,
                "routing": ro.routing, "replicate": ro.replicate_prompts, "dynamic_filter": ro.dynamic_filter,
-               "partial_rollout": ro.partial_rollout, "steps": max(steps, 12), "warmup_steps": 1}
+               "partial_rollout": ro.partial_rollout, "steps": max(steps, 12), "warmup_steps": 1,
+               "micro_batch_size": cfg.training.micro_batch_size, "checkpoint_every": cfg.training.checkpoint_every}
     result = simulate(SimConfig(**sim_cfg), cost, wl).to_dict()
     cli = ("asyncrl simulate --preset cpu-tiny " + " ".join(f"--set {k}={v}" for k, v in sim_cfg.items())
            + " " + " ".join(f"--set workload.{k}={v}" for k, v in workload.items()))

@@ -46,11 +46,17 @@ def test_same_seed_same_result_and_seed_matters():
 
 
 def test_failure_and_slowdown_are_survived_and_counted():
+    """A dead server's requests take the production path (`request_lost`): re-sent to live servers, no sample fails;
+    the server is marked down once, and comes back through `server_returned`."""
     base = simulate(_cfg(async_ratio=1), COST, TAIL)
     hurt = simulate(_cfg(async_ratio=1, check_every=1, failures=(Failure(0, 30.0),),
-                         slowdowns=(Slowdown(1, 10.0, 4.0),), fail_timeout_s=30.0), COST, TAIL)
-    assert hurt.failed_requests > 0 and hurt.aborted_failed_groups > 0
+                         slowdowns=(Slowdown(1, 10.0, 4.0),)), COST, TAIL)
+    assert hurt.failed_requests > 0 and hurt.servers_lost == 1 and hurt.aborted_failed_groups == 0
     assert hurt.steps == 6 and hurt.samples_per_s < base.samples_per_s
+    sim = Simulator(_cfg(async_ratio=1, check_every=1, failures=(Failure(0, 30.0, back_at_s=60.0),)), COST, TAIL)
+    back = sim.run()
+    assert back.servers_lost == 1 and sim.sched.stats.servers_returned == 1 and sim.sched.servers_down == []
+    assert sim.servers[0].busy_s > 0 and back.aborted_failed_groups == 0
 
 
 def test_agentic_turns_and_environment_latency():
