@@ -202,6 +202,10 @@ class GenerationConfig(_Section):
     max_num_seqs: int = Field(64, ge=1)
     cpu_threads: int = Field(1, ge=0, le=1024, description="vLLM CPU build: unpinned OpenMP threads per engine worker "
                              "(0: vLLM's automatic core binding).")
+    ring_poll_s: float | None = Field(0.0005, ge=0, le=0.01, description="While vLLM's engine core and workers "
+                                      "wait for each other's next message they sleep this long between looks "
+                                      "instead of spinning on the core (null: vLLM's own spin, for nodes with "
+                                      "cores to spare); see asyncrl/generation/vllm_plugin.py.")
     seed: int = 0
     max_restarts: int = Field(3, ge=0, le=100, description="Restarts of a generation server that died (the embedded "
                               "launcher restarts it; on a cluster the pipeline's generation task retries its pod as "

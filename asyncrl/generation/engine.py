@@ -48,7 +48,24 @@ class EngineSettings:
     # CPU build: OpenMP threads per worker, not pinned (0: vLLM's auto binding, which pins every engine's worker
     # to the same cores and starves the API process and the other roles on a small machine)
     cpu_threads: int = 1
+    # vLLM's processes sleep this long between looks at their shared-memory ring instead of spinning (None: vLLM's
+    # own spin); see asyncrl/generation/vllm_plugin.py
+    ring_poll_s: float | None = 0.0005
     initial_version: int = 0  # the policy version of the weights in `model` (a restarted server: a checkpoint's)
+
+
+def engine_process_env(settings: EngineSettings) -> dict[str, str]:
+    """The environment variables that vLLM's processes (server, engine core, workers: they inherit them) must see
+    for `settings`: OpenMP threads, unpinned (CPU build), and the ring poll of `asyncrl.generation.vllm_plugin`."""
+    from asyncrl.generation.vllm_plugin import POLL_ENV
+
+    env: dict[str, str] = {}
+    if settings.cpu_threads > 0:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        env["OMP_NUM_THREADS"] = str(settings.cpu_threads)
+    if settings.ring_poll_s is not None:
+        env[POLL_ENV] = repr(float(settings.ring_poll_s))
+    return env
 
 
 @dataclass
@@ -158,9 +175,7 @@ class GenerationEngine:
             os.environ.setdefault("VLLM_RPC_BASE_PATH", os.path.join(settings.work_dir, "rpc"))
             os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(settings.work_dir, "vllm-cache"))
             os.makedirs(os.environ["VLLM_RPC_BASE_PATH"], exist_ok=True)
-        if settings.cpu_threads > 0:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-            os.environ["OMP_NUM_THREADS"] = str(settings.cpu_threads)
+        os.environ.update(engine_process_env(settings))
         from vllm.config import WeightTransferConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM

@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     settings = EngineSettings(
         model=str(model), max_model_len=g.max_model_len, kv_cache_gib=g.kv_cache_gib,
         max_num_seqs=g.max_num_seqs, seed=g.seed + instance_index(args.id),
-        dtype="float32", cpu_threads=g.cpu_threads, initial_version=version,
+        dtype="float32", cpu_threads=g.cpu_threads, ring_poll_s=g.ring_poll_s,
+        initial_version=version,
     )
     with ctx.heartbeat() as heartbeat:
         over = asyncio.run(serve(ctx, settings, args.host, advertised(args, ""), args.on_done, heartbeat))

@@ -20,15 +20,23 @@ from typing import Any
 from efficiency_parts.common import ROOT, part_args, write_result
 
 
+def engine_settings(cfg: Any, model: str) -> Any:
+    """The `EngineSettings` the generation role builds for this config's generation server 0."""
+    from asyncrl.generation.engine import EngineSettings
+
+    g = cfg.generation
+    return EngineSettings(model=model, max_model_len=g.max_model_len, kv_cache_gib=g.kv_cache_gib,
+                          max_num_seqs=g.max_num_seqs, seed=g.seed, dtype="float32", cpu_threads=g.cpu_threads,
+                          ring_poll_s=g.ring_poll_s)
+
+
 def engine_kwargs(cfg: Any, model: str) -> dict[str, Any]:
     """The keyword arguments `GenerationEngine.start` gives vLLM for this config's generation server 0."""
     from vllm.config import WeightTransferConfig
 
-    from asyncrl.generation.engine import WORKER_EXTENSION, EngineSettings
+    from asyncrl.generation.engine import WORKER_EXTENSION
 
-    g = cfg.generation
-    s = EngineSettings(model=model, max_model_len=g.max_model_len, kv_cache_gib=g.kv_cache_gib,
-                       max_num_seqs=g.max_num_seqs, seed=g.seed, dtype="float32", cpu_threads=g.cpu_threads)
+    s = engine_settings(cfg, model)
     return dict(model=s.model, skip_tokenizer_init=True, dtype=s.dtype, max_model_len=s.max_model_len,
                 max_num_seqs=s.max_num_seqs, kv_cache_memory_bytes=int(s.kv_cache_gib * (1 << 30)), seed=s.seed,
                 enforce_eager=s.enforce_eager, logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION,
@@ -91,16 +99,16 @@ def cpu_of_tree() -> float:
 def main() -> None:
     spec, out = part_args()
     from asyncrl.config import load_config
+    from asyncrl.generation.engine import engine_process_env
+    from asyncrl.generation.vllm_plugin import POLL_ENV
 
     cfg = load_config(spec["config"], spec["overrides"])
-    g, ro = cfg.generation, cfg.rollout
+    ro = cfg.rollout
     work = Path(tempfile.mkdtemp(prefix="asyncrl-eff-"))  # short: vLLM's IPC socket paths are length-limited
     os.environ.setdefault("VLLM_RPC_BASE_PATH", str(work / "rpc"))
     os.environ.setdefault("VLLM_CACHE_ROOT", str(work / "vllm-cache"))
     os.makedirs(os.environ["VLLM_RPC_BASE_PATH"], exist_ok=True)
-    if g.cpu_threads > 0:  # as GenerationEngine.start
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-        os.environ["OMP_NUM_THREADS"] = str(g.cpu_threads)
+    os.environ.update(engine_process_env(engine_settings(cfg, "unused")))  # as GenerationEngine.start
 
     from asyncrl.models.tiny import resolve_model_path
     from asyncrl.models.tokenizer import decode_response, load_tokenizer
@@ -158,6 +166,7 @@ def main() -> None:
         "engine_kwargs": {k: (v if isinstance(v, int | float | str | bool) else repr(v)) for k, v in kwargs.items()},
         "engine_args_drift": engine_args_drift(set(kwargs)),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "omp_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),
+        "ring_poll_s": os.environ.get(POLL_ENV),
         "engine_start_s": start_s, "warmup_batch_s": warm_s, "batches": rows,
         "batch_s": wall / len(rows), "batch_s_min": min(r["wall_s"] for r in rows),
         "samples_per_s": samples / wall, "tokens_per_s": tokens / wall,
