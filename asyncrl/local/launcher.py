@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 
 
 MAX_RPC_DIR_CHARS = 70
+FOLLOW_POLL_S = 1.0  # how often the launcher reads versions/latest.json to print progress
+FOLLOW_DONE_S = 5.0  # how often it looks for the done marker before the last step (then at every poll)
 DIST_LAUNCHER_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                       "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
 
@@ -193,6 +195,7 @@ class EmbeddedRun:
         shown = -1
         latest: dict[str, Any] = {}
         steps = self.cfg.training.steps
+        last_done_check = float("-inf")
         while True:
             self.check_children()
             doc = store.get_json(self.paths.versions_latest())
@@ -205,9 +208,12 @@ class EmbeddedRun:
                            f"loss {m.get('train/loss', float('nan')):+.4f}  staleness {m['staleness/mean']:.2f}"
                            f"/{int(m['staleness/max'])}  {m['throughput/samples_per_s']:.1f} samples/s  "
                            f"wait/train/sync {m['time/wait_s']:.2f}/{m['time/train_s']:.2f}/{m['time/sync_s']:.2f}s")
-            if store.exists(self.paths.done()):
-                return store.get_json(self.paths.versions_latest()) or latest
-            time.sleep(0.5)
+            # the trainer writes `done` after its last step: look for it then, and every FOLLOW_DONE_S meanwhile
+            if int(latest.get("version", -1)) >= steps or time.monotonic() - last_done_check >= FOLLOW_DONE_S:
+                last_done_check = time.monotonic()
+                if store.exists(self.paths.done()):
+                    return store.get_json(self.paths.versions_latest()) or latest
+            time.sleep(FOLLOW_POLL_S)
 
     # ---- evaluation and checks -----------------------------------------------------------------------
     @property

@@ -11,7 +11,10 @@ Invariants:
   training (the figures of the failed read stay as they were);
 - `flush(timeout_s)` returns True once every step submitted before it is logged, False when its deadline passed
   first; `close()` flushes (bounded) and stops the thread; both are idempotent;
-- `external()` is a copy of the figures as last read ({} before the first read).
+- `external()` is a copy of the figures as last read ({} before the first read);
+- the figures are read for the first step logged, for a step submitted with `fresh=True` (the last one), and
+  otherwise at most once every `read_every_s` (the roles rewrite them only every few seconds: reading them for every
+  step re-reads the same objects, six S3 requests a step).
 """
 
 from __future__ import annotations
@@ -28,11 +31,16 @@ LogFn = Callable[[dict[str, float], int, int], None]  # (metrics, step, timestam
 
 
 class StepReporter:
-    def __init__(self, read_external: Callable[[], dict[str, float]], log_fn: LogFn | None) -> None:
+    def __init__(self, read_external: Callable[[], dict[str, float]], log_fn: LogFn | None,
+                 read_every_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._read_external = read_external
         self._log = log_fn
+        self.read_every_s = float(read_every_s)
+        self._clock = clock
+        self._last_read: float | None = None
+        self.reads = 0
         self._cond = threading.Condition()
-        self._queue: deque[tuple[dict[str, float], int, int]] = deque()
+        self._queue: deque[tuple[dict[str, float], int, int, bool]] = deque()
         self._pending = 0  # submitted, not yet logged
         self._external: dict[str, float] = {}
         self._closing = False
@@ -41,11 +49,11 @@ class StepReporter:
         self._thread = threading.Thread(target=self._run, name="step-reporter", daemon=True)
         self._thread.start()
 
-    def submit(self, metrics: dict[str, float], step: int) -> None:
+    def submit(self, metrics: dict[str, float], step: int, fresh: bool = False) -> None:
         with self._cond:
             if self._closing:
                 raise RuntimeError("StepReporter.submit: closed")
-            self._queue.append((dict(metrics), int(step), int(time.time() * 1000)))
+            self._queue.append((dict(metrics), int(step), int(time.time() * 1000), fresh))
             self._pending += 1
             self._cond.notify_all()
 
@@ -74,14 +82,18 @@ class StepReporter:
                 self._cond.wait_for(lambda: self._queue or self._closing)
                 if not self._queue:
                     return
-                metrics, step, ts = self._queue.popleft()
-            try:
-                fresh = self._read_external()
-                with self._cond:
-                    self._external = dict(fresh)
-            except Exception as e:  # the figures stay as last read
-                self.failures += 1
-                log.warning("step reporter: reading the roles' figures failed: %s", e)
+                metrics, step, ts, fresh = self._queue.popleft()
+            now = self._clock()
+            if fresh or self._last_read is None or now - self._last_read >= self.read_every_s:
+                self._last_read = now
+                try:
+                    self.reads += 1
+                    fresh = self._read_external()
+                    with self._cond:
+                        self._external = dict(fresh)
+                except Exception as e:  # the figures stay as last read
+                    self.failures += 1
+                    log.warning("step reporter: reading the roles' figures failed: %s", e)
             try:
                 if self._log is not None:
                     self._log({**metrics, **self.external()}, step, ts)

@@ -354,7 +354,8 @@ class TrainingRunner:
         tracker = self.tracker
         self.reporter = StepReporter(
             self.external_metrics,
-            (lambda m, step, ts: tracker.log_metrics(m, step=step, timestamp_ms=ts)) if tracker is not None else None)
+            (lambda m, step, ts: tracker.log_metrics(m, step=step, timestamp_ms=ts)) if tracker is not None else None,
+            read_every_s=min(self.cfg.rollout.stats_interval_s, self.cfg.timeouts.heartbeat_s))
         self.resume()
         self.groups.start()  # read ahead from the (restored) cursors while the weights connect
         weights = self.policy.named_weights()  # collective under ZeRO-3: the followers gather after "resume" too
@@ -366,7 +367,7 @@ class TrainingRunner:
             metrics = self.step(step)
             self.publish(metrics)
             assert self.reporter is not None
-            self.reporter.submit(metrics, self.version)
+            self.reporter.submit(metrics, self.version, fresh=self.version == steps)
             if self.checkpoint_due(self.version):
                 # after the push: the followers join the checkpoint's collectives only when told, so a long push
                 # (the generation group re-formed) never runs a training collective past its deadline

@@ -53,3 +53,26 @@ def test_flush_is_bounded_and_the_caller_never_waits_on_a_slow_log() -> None:
     release.set()
     assert r.flush(10.0) is True
     r.close()
+
+
+def test_the_figures_are_read_at_most_every_read_every_s_and_for_a_fresh_step() -> None:
+    now = {"t": 100.0}
+    reads = {"n": 0}
+
+    def read() -> dict[str, float]:
+        reads["n"] += 1
+        return {"rollout/reads": float(reads["n"])}
+
+    logged: list[tuple[float, int]] = []
+    r = StepReporter(read, lambda m, step, ts: logged.append((m["rollout/reads"], step)), read_every_s=5.0,
+                     clock=lambda: now["t"])
+    for step, t in ((1, 100.0), (2, 101.0), (3, 104.9), (4, 105.0), (5, 106.0)):
+        now["t"] = t
+        r.submit({}, step)
+        assert r.flush(10.0)
+    now["t"] = 107.0
+    r.submit({}, 6, fresh=True)
+    assert r.flush(10.0)
+    assert logged == [(1.0, 1), (1.0, 2), (1.0, 3), (2.0, 4), (2.0, 5), (3.0, 6)]
+    assert r.reads == 3
+    r.close()
