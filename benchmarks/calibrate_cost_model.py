@@ -293,7 +293,7 @@ def measure_server(model: str, trainer: Trainer) -> dict[str, Any]:
             sender.push(v, weights)
             weights_checksum(weights)
             pushes.append(time.perf_counter() - t0)
-        sender.close()
+        sender.shutdown()
         out["weight_push_s"] = pushes
         out["model_bytes"] = sum(t.numel() * t.element_size() for _, t in weights)
         print(f"weight push: {statistics.median(pushes) * 1e3:.1f} ms", flush=True)

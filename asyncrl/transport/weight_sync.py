@@ -194,9 +194,9 @@ class _Concurrent:
             alive[0].join(timeout=0.05)
 
 
-def _post(url: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+def _post(client: httpx.Client, url: str, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """POST to a generation server with the run's bearer token (`ASYNCRL_ROLE_TOKEN`, when set)."""
-    r = httpx.post(url, json=body, headers=auth_headers(), timeout=timeout_s)
+    r = client.post(url, json=body, headers=auth_headers(), timeout=timeout_s)
     if r.status_code != 200:
         raise WeightSyncError(f"POST {url} -> HTTP {r.status_code}: {r.text[:500]}")
     return dict(r.json())
@@ -230,6 +230,9 @@ class WeightSender:
         self.device = torch.device(device)
         self._store: dist.TCPStore | None = None
         self._pg: dist.ProcessGroup | None = None
+        # One HTTP client for every call (thread-safe; its connections kept alive): building an httpx client loads
+        # the CA bundle, 30-60 ms of CPU, which a client per call added to every weight push.
+        self._http = httpx.Client()
         self.epoch = 0  # groups formed so far (`connect()` calls that succeeded)
 
     @property
@@ -267,7 +270,7 @@ class WeightSender:
                 "timeout_s": self.timeout_s,
                 "group_name": group_name,
             }
-            step.start(url, lambda url=url, body=body: _post(f"{url}/weights/init", body, join_s + 30.0))
+            step.start(url, lambda url=url, body=body: _post(self._http, f"{url}/weights/init", body, join_s + 30.0))
         step.start(
             "trainer-join",
             lambda: join_group(
@@ -291,7 +294,8 @@ class WeightSender:
         step = _Concurrent(self.timeout_s + 30.0)
         for url in self.server_urls:
             body = {"version": version, "timeout_s": self.timeout_s}
-            step.start(url, lambda url=url, body=body: _post(f"{url}/weights/update", body, self.timeout_s + 30.0))
+            step.start(url, lambda url=url, body=body: _post(self._http, f"{url}/weights/update", body,
+                                                             self.timeout_s + 30.0))
         step.start("trainer-send", lambda: send_weights(pg, manifest, tensors, self.device, self.timeout_s))
         try:
             results = step.wait(f"weight push of version {version}")
@@ -302,6 +306,12 @@ class WeightSender:
         return {url: results[url] for url in self.server_urls}
 
     def close(self) -> None:
+        """Leave the group (a later `connect()` forms a new one); the HTTP client stays for it."""
         pg, self._pg = self._pg, None
         shutdown_group(pg)
         self._store = None
+
+    def shutdown(self) -> None:
+        """`close()`, and close the HTTP client: the sender is not used again."""
+        self.close()
+        self._http.close()

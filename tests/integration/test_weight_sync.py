@@ -52,7 +52,7 @@ def sender(servers: tuple[list[ServerProcess], Path]) -> Iterator[WeightSender]:
     s = WeightSender([srv.url for srv in servers[0]], backend="gloo", timeout_s=60, bucket_bytes=64 * 1024)
     s.connect()
     yield s
-    s.close()
+    s.shutdown()
 
 
 def _perturb(model: torch.nn.Module, seed: int) -> list[tuple[str, torch.Tensor]]:
