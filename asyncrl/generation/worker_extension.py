@@ -10,7 +10,8 @@ The engine speaks the protocol of `asyncrl.transport.weight_sync` over a standal
 - `init_transfer_engine`: join the trainer's group (blocks until every rank joined, or the deadline);
 - `start_weight_update`: `initialize_layerwise_reload(model)` (on CPU a plain `load_weights` into a
   live model leaves it half-updated: linear weights are pre-packed for oneDNN and their originals freed);
-- `receive_weights`: receive header and buckets, `model.load_weights` per bucket, fingerprint them;
+- `receive_weights`: receive header and buckets, `model.load_weights` per bucket; their fingerprint is computed in
+  a thread after the update (out of the engine's pause), and a checksum request waits for it;
 - `finish_weight_update`: `finalize_layerwise_reload`, then re-process layers whose weight is shared with
   another layer (a tied `lm_head` keeps a pre-packed copy of the embedding that would otherwise go stale).
 
@@ -21,6 +22,7 @@ weights currently loaded (see its docstring for what is measured).
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +41,7 @@ from asyncrl.transport.weight_sync import join_group, local_ip_towards, receive_
 log = logging.getLogger(__name__)
 
 BACKEND_NAME = "asyncrl"
+CHECKSUM_WAIT_S = 600.0  # how long a checksum request waits for the last update's checksum to be computed
 
 
 @dataclass
@@ -72,6 +75,7 @@ class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlU
         self.timeout_s = 300.0
         self.received_checksum: dict[str, int | float] | None = None
         self.received_version: int | None = None
+        self._checksum_thread: threading.Thread | None = None
 
     def init_transfer_engine(self, init_info: AsyncrlInitInfo) -> None:
         import datetime
@@ -115,8 +119,26 @@ class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlU
             raise RuntimeError(
                 f"asyncrl weight transfer: trainer sent version {manifest.version}, server expected {update_info.version}"
             )
-        self.received_checksum = weights_checksum(received)
         self.received_version = manifest.version
+        self._checksum_later(received)
+
+    def _checksum_later(self, received: list[tuple[str, torch.Tensor]]) -> None:
+        """The checksum of what arrived, computed in a thread once the update is done: a pass over every weight
+        (milliseconds here, seconds for a 7B model) kept out of the engine's pause; `wait_checksum` joins it."""
+        self.wait_checksum()
+        self.received_checksum = None
+
+        def run() -> None:
+            self.received_checksum = weights_checksum(received)
+
+        self._checksum_thread = threading.Thread(target=run, name="asyncrl-received-checksum", daemon=True)
+        self._checksum_thread.start()
+
+    def wait_checksum(self, timeout_s: float | None = None) -> None:
+        """Return once the checksum of the last update is computed (or `timeout_s` passed)."""
+        thread = self._checksum_thread
+        if thread is not None:
+            thread.join(timeout_s)
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
@@ -163,6 +185,8 @@ class WeightSyncExtension:
         with that update's `version` (None before the first update).
         """
         engine = getattr(self, "weight_transfer_engine", None)
+        if engine is not None and hasattr(engine, "wait_checksum"):
+            engine.wait_checksum(CHECKSUM_WAIT_S)
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         params = list(model.named_parameters(remove_duplicate=True))
         return {

@@ -17,6 +17,7 @@ The current epoch and members are published in `versions/latest.json` (`weight_g
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -109,6 +110,10 @@ class WeightGroup:
             docs = self._candidates(probe_all=False)
             if docs and {self._key(d) for d in docs} != {self._key(d) for d in self.members}:
                 self._form(docs)
+        # the checksum is computed while the servers receive (the weights do not change during a push)
+        checksum: dict[str, float] = {}
+        summing = threading.Thread(target=lambda: checksum.update(weights_checksum(weights)), name="weights-checksum")
+        summing.start()
         try:
             self.sender.push(version, weights)
         except WeightSyncError as err:
@@ -117,7 +122,9 @@ class WeightGroup:
                         "answer", version, self.sender.epoch, err)
             self._reform_with_live_servers()
             self.sender.push(version, weights)
-        return weights_checksum(weights)
+        finally:
+            summing.join()
+        return checksum
 
     def metrics(self) -> dict[str, float]:
         epoch = self.sender.epoch if self.sender else 0
