@@ -35,7 +35,10 @@ def test_ctrl_c_stops_everything(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "asyncrl.cli", "run", str(ROOT / "configs/smoke.yaml"), "--set", f"runs_dir={runs}",
          "--set", "run_id=interrupt-test", "--set", f"cache_dir={ROOT / '.cache/asyncrl'}",
-         "--set", "generation.num_servers=1"],
+         "--set", "generation.num_servers=1",
+         # far more steps than can finish before the signal: a smoke run of a few steps can end within seconds of
+         # its engine's start, and the Ctrl-C must find the run going
+         "--set", "training.steps=100000"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ},
     )
     try:
