@@ -34,6 +34,7 @@ import mlflow
 import psutil
 import pytest
 
+from asyncrl.transport.groups import metadata_groups
 from asyncrl.transport.run_layout import RunPaths
 from asyncrl.transport.s3 import S3Store
 
@@ -191,7 +192,11 @@ def test_s3_stall_corrupt_object_and_trainer_crash_then_resume(tmp_path):
         time.sleep(3)
         keys = [k for k in store.list_keys(paths.groups_prefix("env0")) if paths.parse_group_key(k)]
         bad_key = max(keys, key=lambda k: paths.parse_group_key(k)[1])
-        data = store.get_bytes(bad_key)
+        got = store.get_with_metadata(bad_key)
+        assert got is not None, bad_key
+        data, meta = got
+        bad_groups = metadata_groups(meta)  # groups that finish together share an object: one or several
+        assert bad_groups is not None and bad_groups >= 1, meta
         store.put_bytes(bad_key, data[: len(data) // 2])
         for p in trainer:
             p.send_signal(signal.SIGCONT)
@@ -229,7 +234,7 @@ def test_s3_stall_corrupt_object_and_trainer_crash_then_resume(tmp_path):
     # every step trained exactly B groups in the surviving history: the steps lost in the crash were trained
     # again from checkpoint 2's cursors, not added on top
     assert s["groups_trained"] == STEPS * B, s
-    assert s["groups_quarantined"] == 1, s
+    assert s["objects_quarantined"] == 1 and s["groups_quarantined"] == bad_groups, (bad_groups, s)
     assert s["groups_consumed"] == s["groups_trained"] + s["groups_dropped_stale"] + s["groups_quarantined"], s
     assert s["groups_written"] == s["groups_consumed"] + s["groups_left_unconsumed"], s
     assert s["groups_left_unconsumed"] >= 0 and s["groups_lost_at_restart"] >= 0, s
