@@ -41,7 +41,8 @@ def engine_kwargs(cfg: Any, model: str) -> dict[str, Any]:
                 max_num_seqs=s.max_num_seqs, kv_cache_memory_bytes=int(s.kv_cache_gib * (1 << 30)), seed=s.seed,
                 enforce_eager=s.enforce_eager, logprobs_mode="processed_logprobs", worker_extension_cls=WORKER_EXTENSION,
                 weight_transfer_config=WeightTransferConfig(backend="asyncrl"), enable_prefix_caching=True,
-                enable_chunked_prefill=False, max_num_batched_tokens=max(s.max_model_len, 2048))
+                enable_chunked_prefill=False, max_num_batched_tokens=max(s.max_model_len, 2048),
+                disable_log_stats=True)
 
 
 def engine_args_drift(ours: set[str]) -> list[str]:
@@ -133,7 +134,7 @@ def main() -> None:
     def run(batch: list[dict[str, Any]]) -> tuple[float, list[Any]]:
         params = [SamplingParams(n=1, max_tokens=r["budget"], temperature=ro.temperature, top_p=ro.top_p,
                                  seed=r["seed"], stop_token_ids=[] if tail else [eos], ignore_eos=tail, logprobs=0,
-                                 detokenize=False) for r in batch]
+                                 detokenize=False, skip_clone=True) for r in batch]
         prompts = [{"prompt_token_ids": r["prompt_ids"]} for r in batch]
         t = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
