@@ -6,6 +6,7 @@
     asyncrl simulate [--preset gpu-7b] [--set key=value ...] [--json PATH]   # simulated cluster (asyncrl.sim)
     asyncrl pipeline compile|upload|run [...]           # Kubeflow Pipelines (asyncrl.cluster.pipeline_cli)
     asyncrl plan --gpus 64 --model-size 7e9 --median-tokens 3000 --max-tokens 32768
+    asyncrl sandbox-check                                # what isolates a tool call on this host (asyncrl.sandbox)
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
             s.add_argument("--resume", default="", metavar="RUN_ID",
                            help="continue the run RUN_ID (a folder under runs_dir) from its last committed checkpoint; "
                                 "its own configuration is used (give no CONFIG and no --set, except runs_dir)")
+    sub.add_parser("sandbox-check", help="print what isolation a tool call gets on this host (exit 1: none)")
     from asyncrl.cluster.pipeline_cli import add_parser
     from asyncrl.sim.commands import add_parsers
 
@@ -77,6 +79,10 @@ def _sigterm_as_interrupt(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.command == "sandbox-check":
+        from asyncrl.sandbox.check import main as sandbox_check
+
+        sys.exit(sandbox_check())
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("asyncrl.models").setLevel(min(logging.INFO, logging.getLogger().level))

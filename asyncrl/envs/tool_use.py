@@ -4,8 +4,8 @@ Each episode is one word problem drawn from the seed (a few templates, operands 
 may call one tool or answer:
 - `<calculator>3 * (4 + 5)</calculator>`: evaluated by `calculate` (numbers, + − × ÷ // % **, parentheses; an
   AST walk, never `eval`); the next observation is `Result: <value>` or `Error: <why>`;
-- `<python>print(3 * 9)</python>` (when `allow_python`): run in `asyncrl.envs.sandbox` (no network, no files outside
-  its folder, time and memory limits); the observation is its output (or its error), truncated;
+- `<python>print(3 * 9)</python>` (when `allow_python`): run in a new `asyncrl.sandbox` (its own namespaces, no
+  network, a seccomp filter, a small private folder, time, memory and output limits); the observation is its output (or its error), truncated;
 - `<answer>27</answer>`: ends the episode; reward 1 if the number equals the answer, else 0.
 A reply with none of these costs `format_penalty` and a turn; `max_turns` turns without an answer truncate the
 episode. The last tag of a reply wins when it holds several.
@@ -20,7 +20,8 @@ import re
 from typing import Any
 
 from asyncrl.envs.base import EpisodeOver, StepResult, register
-from asyncrl.envs.sandbox import run_python
+from asyncrl.sandbox.host import sandbox_host
+from asyncrl.sandbox.runner import run_python
 
 _TAG_RE = re.compile(r"<(calculator|python|answer)>(.*?)</\1>", re.IGNORECASE | re.DOTALL)
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -100,6 +101,8 @@ class ToolUse:
             raise ValueError(f"max_operand: expected >= 2, got {max_operand}")
         self.max_operand, self.max_turns, self.allow_python = max_operand, max_turns, allow_python
         self.python_timeout_s, self.format_penalty = python_timeout_s, format_penalty
+        if allow_python:
+            sandbox_host()  # refuse to start (SandboxUnavailable, saying what is missing) where tools cannot be isolated
         self.answer: int | None = None
         self.turns = 0
         self.done = True
@@ -138,7 +141,8 @@ class ToolUse:
             else:
                 r = await run_python(body, timeout_s=self.python_timeout_s)
                 observation = (r.stdout or "(no output)") if r.ok else (
-                    "Error: time limit exceeded" if r.timed_out else f"Error: {r.stderr.strip().splitlines()[-1:]}")
+                    "Error: time limit exceeded" if r.timed_out else "Error: output limit exceeded" if r.overflow
+                    else f"Error: {r.stderr.strip().splitlines()[-1:]}")
         truncated = not terminated and self.turns >= self.max_turns
         if truncated:
             info["success"] = False
