@@ -31,6 +31,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from asyncrl.envs.base import StepResult
 from asyncrl.envs.execution import EnvExecutor, EnvFault, EnvHandle, within_deadline
+from asyncrl.secret_names import without_secrets
 
 if TYPE_CHECKING:
     from asyncrl.config.schema import EnvInjectionConfig
@@ -133,7 +134,8 @@ async def open_process(executor: EnvExecutor, name: str, params: dict[str, Any],
     """Start a worker for `executor` and create environment `name` in it (killed again if that fails)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "asyncrl.envs.worker", stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, start_new_session=True, limit=executor.max_reply_bytes + 1)
+        stdout=asyncio.subprocess.PIPE, start_new_session=True, limit=executor.max_reply_bytes + 1,
+        env=without_secrets(os.environ))  # an environment never needs the run's S3 keys, role token or MLflow login
     executor.stats["processes_started"] += 1
     handle = ProcessHandle(executor, name, proc)
     doc = {"op": "make", "name": name, "params": params, "injection_key": injection_key,

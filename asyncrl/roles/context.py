@@ -80,6 +80,7 @@ class RoleContext:
     store: S3Store
     paths: RunPaths
     cfg: RunConfig
+    advertise_host: str = "127.0.0.1"  # the address peers reach this role at (its pod IP on a cluster)
 
     @classmethod
     def from_args(cls, role: str, args: argparse.Namespace) -> RoleContext:
@@ -96,7 +97,8 @@ class RoleContext:
         store.close()
         store = S3Store(endpoint, bucket, timeout_s=30.0, retry_deadline_s=cfg.timeouts.storage_s)
         apply_network_env(cfg, os.environ)
-        return cls(role, args.id, args.run_url, store, paths, cfg)
+        host = advertised(args, "" if args.host in ("0.0.0.0", "::") else args.host) or "127.0.0.1"
+        return cls(role, args.id, args.run_url, store, paths, cfg, advertise_host=host)
 
     # ---- rendezvous ----------------------------------------------------------------------------------
     def publish(self, doc: dict[str, Any]) -> None:

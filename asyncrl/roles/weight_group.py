@@ -96,7 +96,8 @@ class WeightGroup:
         docs = self.ctx.wait_for_peers("generation", self.cfg.generation.num_servers)
         self.sender = WeightSender([base_url(d) for d in docs], backend="nccl" if self.device.type == "cuda" else "gloo",
                                    timeout_s=self.cfg.timeouts.collective_s,
-                                   bucket_bytes=int(self.cfg.training.weight_bucket_mb * 2**20), device=self.device)
+                                   bucket_bytes=int(self.cfg.training.weight_bucket_mb * 2**20), device=self.device,
+                                   master_addr=self.ctx.advertise_host)
         self._form(docs)
 
     def push(self, version: int, weights: list[tuple[str, torch.Tensor]]) -> dict[str, float]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +24,8 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
+from asyncrl.secret_names import is_secret_key
+
 log = logging.getLogger(__name__)
 
 _MAX_PARAM_VALUE = 6000
@@ -32,24 +33,6 @@ _MAX_KEY = 250
 _PARAMS_PER_BATCH = 100
 _METRICS_PER_BATCH = 1000
 _STATUSES = ("FINISHED", "FAILED", "KILLED")
-_SECRET_SUBSTRINGS = ("secret", "password", "passwd", "key_id", "access_key", "api_key", "credential", "private_key")
-_SECRET_SEGMENTS = {"token", "auth", "bearer"}
-
-
-def is_secret_key(key: str) -> bool:
-    """True when a (dotted) parameter name looks like it holds a secret.
-
-    Substrings: secret, password, passwd, key_id, access_key, api_key, credential, private_key.
-    Whole `_`/`-` segments of the last name component: token, auth, bearer (so `hf_token` and
-    `access_token` are dropped, `max_new_tokens` is kept).
-    """
-    low = key.lower()
-    if any(s in low for s in _SECRET_SUBSTRINGS):
-        return True
-    last = low.rsplit(".", 1)[-1]
-    return any(seg in _SECRET_SEGMENTS for seg in re.split(r"[_\-]", last))
-
-
 def _param_value(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
     if len(text) > _MAX_PARAM_VALUE:

@@ -69,6 +69,20 @@ def local_ip_towards(host: str) -> str:
             return "127.0.0.1"
 
 
+def listen_socket(addr: str) -> socket.socket:
+    """A TCP socket bound to `addr` on a free port and listening: the rendezvous store serves on it alone."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind((addr, 0))
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise WeightSyncError(f"master_addr: cannot listen on {addr!r} ({e}); expected an address of this host "
+                              "(the trainer's pod IP on a cluster)") from e
+    return sock
+
+
 def join_group(
     *,
     store: dist.Store,
@@ -255,7 +269,13 @@ class WeightSender:
         # deadline passed (it holds its update lock until then), so joining waits up to twice the deadline.
         join_s = 2 * self.timeout_s
         timeout = datetime.timedelta(seconds=join_s)
-        store = dist.TCPStore("0.0.0.0", 0, self.world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        # The store listens on `master_addr` only (the pod's IP on a cluster, loopback here), never on every
+        # interface: torch's TCPStore has no authentication and lists its keys to any client that connects.
+        listener = listen_socket(self.master_addr)
+        port = listener.getsockname()[1]
+        # the store owns the socket from here on (it closes it when it is destroyed)
+        store = dist.TCPStore(self.master_addr, port, self.world_size, is_master=True, timeout=timeout,
+                              wait_for_workers=False, master_listen_fd=listener.detach())
         self._store = store
         group_name = f"epoch{self.epoch + 1}-{uuid.uuid4().hex}"
         log.info("weight sync: hosting rendezvous on %s:%d for %d ranks", self.master_addr, store.port, self.world_size)

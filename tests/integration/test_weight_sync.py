@@ -234,3 +234,14 @@ def test_stale_version_fails_fast_and_reconnect_recovers(
         assert {k: h[k] for k in ("status", "version", "running", "waiting", "load")} == {
             "status": "ok", "version": v + 1, "running": 0, "waiting": 0, "load": 0}
         assert httpx.get(f"{s.url}/weights/checksum").json()["checksum"] == weights_checksum(named)
+
+
+def test_rendezvous_store_listens_on_master_addr_only(sender: WeightSender) -> None:
+    """torch's TCPStore has no authentication and lists its keys to any client: it must not listen on every
+    interface, only on the address the servers were given (loopback here, the trainer's pod IP on a cluster)."""
+    import psutil
+
+    assert sender._store is not None
+    listening = [c.laddr for c in psutil.Process().net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == sender._store.port]
+    assert [a.ip for a in listening] == ["127.0.0.1"], listening

@@ -127,3 +127,15 @@ def test_checksum_invariant_to_fusing_and_tying() -> None:
     changed = [("qkv", torch.cat([q, k, v]).clone()), ("gate_up", torch.cat([gate, up])), ("embed", emb)]
     changed[0][1][3, 2] = torch.nextafter(changed[0][1][3, 2], torch.tensor(10.0))  # one ulp
     assert not checksums_match(a, weights_checksum(changed))
+
+
+def test_rendezvous_refuses_an_address_this_host_does_not_have() -> None:
+    from asyncrl.transport.weight_sync import WeightSyncError, listen_socket
+
+    with pytest.raises(WeightSyncError, match="master_addr: cannot listen on '203.0.113.7'"):
+        listen_socket("203.0.113.7")  # TEST-NET-3: never an address of this machine
+    sock = listen_socket("127.0.0.1")
+    try:
+        assert sock.getsockname()[0] == "127.0.0.1" and sock.getsockname()[1] > 0
+    finally:
+        sock.close()
