@@ -11,26 +11,23 @@ from __future__ import annotations
 
 import os
 import resource
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from asyncrl.sandbox.host import SandboxHost
 
 WORKDIR = "/work"
+NOBODY = 65534  # the uid and gid inside, and outside when the caller is root (it drops to them before bwrap)
+SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin")  # read-only in the sandbox (libc, libffi, the interpreter)
 
 
-def bwrap_argv(host: SandboxHost, tmpfs_mb: int) -> list[str]:
-    """bwrap and its options, up to and including `--`; the program and its arguments follow."""
-    from asyncrl.sandbox.host import NOBODY, SYSTEM_DIRS
-
+def bwrap_argv(bwrap: str, python_prefix: str, tmpfs_mb: int) -> list[str]:
+    """`bwrap` and its options, up to and including `--`; the program and its arguments follow. `python_prefix`:
+    the interpreter's installation, bound read-only unless a system folder holds it already."""
     size = str(tmpfs_mb << 20)
-    argv = [host.bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
             "--setenv", "PYTHONIOENCODING", "utf-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
             "--cap-drop", "ALL", "--uid", str(NOBODY), "--gid", str(NOBODY), "--hostname", "sandbox"]
     for d in SYSTEM_DIRS:
         argv += ["--ro-bind-try", d, d]
-    if not any(host.python_prefix == d or host.python_prefix.startswith(d + "/") for d in SYSTEM_DIRS):
-        argv += ["--ro-bind", host.python_prefix, host.python_prefix]
+    if not any(python_prefix == d or python_prefix.startswith(d + "/") for d in SYSTEM_DIRS):
+        argv += ["--ro-bind", python_prefix, python_prefix]
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp", "--size", size,
              "--tmpfs", WORKDIR, "--chdir", WORKDIR, "--remount-ro", "/", "--"]
     return argv

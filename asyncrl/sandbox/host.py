@@ -19,8 +19,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-NOBODY = 65534  # the unprivileged uid and gid a root caller drops to before it starts bwrap
-SYSTEM_DIRS = ("/usr", "/lib", "/lib64", "/lib32", "/bin")  # read-only in the sandbox (libc, libffi, the interpreter)
+from asyncrl.sandbox.command import NOBODY, bwrap_argv, drop_privileges
+
 PROBE_TIMEOUT_S = 10.0
 
 ENABLE_HINT = (
@@ -118,9 +118,7 @@ def choose_python(root: bool) -> str:
 
 
 def _probe(host: SandboxHost) -> None:
-    from asyncrl.sandbox.command import bwrap_argv, drop_privileges
-
-    argv = bwrap_argv(host, tmpfs_mb=1) + [host.python, "-I", "-S", "-c", "print('ok')"]
+    argv = bwrap_argv(host.bwrap, host.python_prefix, tmpfs_mb=1) + [host.python, "-I", "-S", "-c", "print('ok')"]
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env={},
                            preexec_fn=lambda: drop_privileges(host.drop_to))

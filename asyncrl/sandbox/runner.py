@@ -126,7 +126,8 @@ async def run_python(code: str, timeout_s: float = 5.0, memory_mb: int = 512, fi
     if timeout_s <= 0:
         raise ValueError(f"timeout_s: expected > 0, got {timeout_s}")
     host = sandbox_host()
-    argv = [*bwrap_argv(host, tmpfs_mb), host.python, "-I", "-S", "-c", _BOOTSTRAP, build_filter().hex()]
+    argv = [*bwrap_argv(host.bwrap, host.python_prefix, tmpfs_mb),
+            host.python, "-I", "-S", "-c", _BOOTSTRAP, build_filter().hex()]
 
     def preexec() -> None:
         set_limits(max(1, int(timeout_s) + 1), memory_mb, file_mb)
@@ -162,8 +163,8 @@ async def run_python(code: str, timeout_s: float = 5.0, memory_mb: int = 512, fi
         timed_out = True
     finally:
         overflow = over.is_set()
-        if timed_out or overflow or proc.returncode is None:
-            _kill(proc.pid)
+        if proc.returncode is None:  # still running (deadline, overflow, or an error here); once reaped, its pid
+            _kill(proc.pid)  # may belong to someone else, and its PID namespace is gone with it anyway
         await asyncio.wait(readers, timeout=KILL_GRACE_S)  # the pipes close once the PID namespace is gone
         if proc.returncode is None:  # bwrap did not die within the grace: stop waiting, never block the caller
             _kill(proc.pid)
