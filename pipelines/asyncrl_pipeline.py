@@ -28,6 +28,10 @@ from components.roles import finalize, role, setup, training_role
 S3_SECRET = "asyncrl-s3"
 S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
 ROLE_TOKEN_SECRET = "asyncrl-role-token"  # key ASYNCRL_ROLE_TOKEN: the role servers' bearer token
+# MLflow's login (manifests: the server's basic-auth admin); optional, for an MLflow server without a login
+MLFLOW_AUTH_SECRET = "asyncrl-mlflow-auth"
+MLFLOW_AUTH_KEYS = {"MLFLOW_TRACKING_USERNAME": "MLFLOW_TRACKING_USERNAME",
+                    "MLFLOW_TRACKING_PASSWORD": "MLFLOW_TRACKING_PASSWORD"}
 ENDPOINTS_CONFIG_MAP = "asyncrl-endpoints"  # manifests/base/endpoints-configmap.yaml
 GPU_RESOURCE = "nvidia.com/gpu"
 ROLE_TIMEOUT_S = 7 * 24 * 3600
@@ -42,6 +46,8 @@ def _common(task: dsl.PipelineTask, image: str, role_name: str, timeout_s: int) 
     kubernetes.use_secret_as_env(task, secret_name=S3_SECRET, secret_key_to_env=S3_SECRET_KEYS)
     kubernetes.use_secret_as_env(task, secret_name=ROLE_TOKEN_SECRET,
                                  secret_key_to_env={"ASYNCRL_ROLE_TOKEN": "ASYNCRL_ROLE_TOKEN"})
+    kubernetes.use_secret_as_env(task, secret_name=MLFLOW_AUTH_SECRET, secret_key_to_env=MLFLOW_AUTH_KEYS,
+                                 optional=True)
     kubernetes.use_config_map_as_env(task, config_map_name=ENDPOINTS_CONFIG_MAP,
                                      config_map_key_to_env={"AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL"})
     kubernetes.use_field_path_as_env(task, env_name="POD_IP", field_path="status.podIP")

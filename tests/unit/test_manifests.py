@@ -150,7 +150,8 @@ def test_base_namespace() -> None:
 
 def test_secrets_hold_only_placeholders() -> None:
     secrets = _of_kind("Secret")
-    assert {s["metadata"]["name"] for s in secrets} == {"asyncrl-s3", "asyncrl-postgres", "asyncrl-role-token"}
+    assert {s["metadata"]["name"] for s in secrets} == {"asyncrl-s3", "asyncrl-postgres", "asyncrl-role-token",
+                                                        "asyncrl-mlflow-auth"}
     for s in secrets:
         values = dict(s.get("stringData", {}))
         values.update({k: base64.b64decode(v).decode() for k, v in s.get("data", {}).items()})
