@@ -5,7 +5,8 @@ may call one tool or answer:
 - `<calculator>3 * (4 + 5)</calculator>`: evaluated by `calculate` (numbers, + − × ÷ // % **, parentheses; an
   AST walk, never `eval`); the next observation is `Result: <value>` or `Error: <why>`;
 - `<python>print(3 * 9)</python>` (when `allow_python`): run in a new `asyncrl.sandbox` (its own namespaces, no
-  network, a seccomp filter, a small private folder, time, memory and output limits); the observation is its output (or its error), truncated;
+  network, a seccomp filter, a small private folder, time, memory and output limits); the observation is its
+  output (or its error), truncated;
 - `<answer>27</answer>`: ends the episode; reward 1 if the number equals the answer, else 0.
 A reply with none of these costs `format_penalty` and a turn; `max_turns` turns without an answer truncate the
 episode. The last tag of a reply wins when it holds several.

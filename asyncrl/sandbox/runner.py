@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -83,7 +84,12 @@ _hook()
 del _hook, _seccomp
 exec(code, {"__name__": "__main__"})
 '''
-SECCOMP_FAILED_EXIT = 70
+
+
+@functools.cache
+def _filter_hex() -> str:
+    """The seccomp program as the bootstrap's argument: built once per process, not once per tool call."""
+    return build_filter().hex()
 
 
 @dataclass
@@ -127,7 +133,7 @@ async def run_python(code: str, timeout_s: float = 5.0, memory_mb: int = 512, fi
         raise ValueError(f"timeout_s: expected > 0, got {timeout_s}")
     host = sandbox_host()
     argv = [*bwrap_argv(host.bwrap, host.python_prefix, tmpfs_mb),
-            host.python, "-I", "-S", "-c", _BOOTSTRAP, build_filter().hex()]
+            host.python, "-I", "-S", "-c", _BOOTSTRAP, _filter_hex()]
 
     def preexec() -> None:
         set_limits(max(1, int(timeout_s) + 1), memory_mb, file_mb)

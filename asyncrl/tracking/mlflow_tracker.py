@@ -33,6 +33,8 @@ _MAX_KEY = 250
 _PARAMS_PER_BATCH = 100
 _METRICS_PER_BATCH = 1000
 _STATUSES = ("FINISHED", "FAILED", "KILLED")
+
+
 def _param_value(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
     if len(text) > _MAX_PARAM_VALUE:
