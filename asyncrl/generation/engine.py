@@ -1,8 +1,8 @@
 """The generation engine: a thin wrapper around vLLM's `AsyncLLM` (token ids in, token ids out).
 
 Owns: starting/stopping vLLM, one request's life (`generate`, `abort`), the load figures and cumulative
-activity counters of `/health` (`ActivityCounters`), and the weight-update sequence (pause keep → receive →
-reset prefix cache → new version → resume).
+activity counters of `/health` (`ActivityCounters`), and the weight-update sequence (pause keep, clearing the
+prefix cache → receive and load → new version → resume).
 
 Invariants:
 - `version` is the policy version of the weights serving new tokens; vLLM labels each output token with
@@ -331,26 +331,37 @@ class GenerationEngine:
             self.weights_initialised = True
 
     async def update_weights(self, version: int, timeout_s: float) -> dict[str, Any]:
-        """Pause (keep), receive the broadcast, load in place, reset the prefix cache, set version, resume."""
+        """Pause (keep), receive the broadcast and load it in place, set the version, resume.
+
+        Generation is paused for three engine round trips, each answered between two engine steps:
+        - pause: `pause_scheduler_async(mode="keep", clear_cache=True)` on the engine core. Requests in flight are
+          frozen, and the prefix cache is reset with `reset_running_requests`, so their KV is recomputed with the new
+          weights after the resume (no engine step runs while paused, so nothing is cached in between).
+          `AsyncLLM.pause_generation` would add a fixed 20 ms sleep, only to order the front end's last outputs
+          before its return. The token versions are attached in the engine core, so that order does not matter here.
+        - `asyncrl_update_weights` in every worker: vLLM's own start → receive → finish session in one call;
+        - the new version label, then resume.
+        The returned `phases` are the seconds each took (`worker0_*`: the first worker's own steps).
+        """
         if not self.weights_initialised:
             raise RuntimeError("weights: not initialised (POST /weights/init first)")
         if version < self.version:  # the same version again is allowed: a re-formed group re-sends the last push
             raise ValueError(f"version: expected >= current version {self.version}, got {version}")
         async with self._update_lock:
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
-            await self.llm.pause_generation(mode="keep", clear_cache=True)
-            rpc = self.llm.collective_rpc
+            clock = asyncio.get_running_loop().time
+            t0 = clock()
+            phases: dict[str, float] = {}
+            await self.llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=True)
+            phases["pause_s"] = clock() - t0
             try:
                 slack = timeout_s + RPC_SLACK_S
-                await asyncio.wait_for(rpc("start_weight_update", timeout=slack), timeout=slack + RPC_SLACK_S)
-                await asyncio.wait_for(
-                    rpc("update_weights", timeout=slack,
-                        kwargs={"update_info": {"version": version, "timeout_s": timeout_s}}),
+                info = {"version": version, "timeout_s": timeout_s}
+                per_worker = await asyncio.wait_for(
+                    self.llm.collective_rpc("asyncrl_update_weights", timeout=slack, kwargs={"update_info": info}),
                     timeout=slack + RPC_SLACK_S,
                 )
-                await asyncio.wait_for(rpc("finish_weight_update", timeout=slack), timeout=slack + RPC_SLACK_S)
-                await self.llm.reset_prefix_cache(reset_running_requests=True)
+                phases["load_s"] = clock() - t0 - phases["pause_s"]
+                phases.update({f"worker0_{k}": float(v) for k, v in per_worker[0].items()})
                 await self.llm.update_weight_version(str(version))
             except BaseException as e:
                 # The model may be half-loaded: never decode with it. End every request in flight (they
@@ -364,9 +375,9 @@ class GenerationEngine:
             self.failed = None
             self.counters.updates += 1
             await self.llm.resume_generation()
-            seconds = loop.time() - t0
-        log.info("weights: now at version %d (%.2f s paused)", version, seconds)
-        return {"version": version, "seconds": seconds}
+            seconds = clock() - t0
+        log.info("weights: now at version %d (%.3f s paused, %.3f s loading)", version, seconds, phases["load_s"])
+        return {"version": version, "seconds": seconds, "phases": phases}
 
     async def checksum(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """The weights' checksum (see `WeightSyncExtension.asyncrl_checksum` for the per-worker fields).

@@ -10,19 +10,20 @@ The engine speaks the protocol of `asyncrl.transport.weight_sync` over a standal
 - `init_transfer_engine`: join the trainer's group (blocks until every rank joined, or the deadline);
 - `start_weight_update`: `initialize_layerwise_reload(model)` (on CPU a plain `load_weights` into a
   live model leaves it half-updated: linear weights are pre-packed for oneDNN and their originals freed);
-- `receive_weights`: receive header and buckets, `model.load_weights` per bucket; their fingerprint is computed in
-  a thread after the update (out of the engine's pause), and a checksum request waits for it;
+- `receive_weights`: receive header and buckets, `model.load_weights` per bucket; on the CPU the buckets are kept
+  for a checksum computed only when one is requested (`received_checksum`);
 - `finish_weight_update`: `finalize_layerwise_reload`, then re-process layers whose weight is shared with
   another layer (a tied `lm_head` keeps a pre-packed copy of the embedding that would otherwise go stale).
 
-`WeightSyncExtension.asyncrl_checksum` (called through `collective_rpc`) reports the checksum of the
+`WeightSyncExtension.asyncrl_update_weights` runs those three steps as one `collective_rpc` (one engine round
+trip while generation is paused), and `WeightSyncExtension.asyncrl_checksum` reports the checksum of the
 weights currently loaded (see its docstring for what is measured).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +42,6 @@ from asyncrl.transport.weight_sync import join_group, local_ip_towards, receive_
 log = logging.getLogger(__name__)
 
 BACKEND_NAME = "asyncrl"
-CHECKSUM_WAIT_S = 600.0  # how long a checksum request waits for the last update's checksum to be computed
 
 
 @dataclass
@@ -73,9 +73,9 @@ class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlU
         self.pg: dist.ProcessGroup | None = None
         self.store: dist.Store | None = None
         self.timeout_s = 300.0
-        self.received_checksum: dict[str, int | float] | None = None
+        self.received: list[tuple[str, torch.Tensor]] | None = None
+        self._received_checksum: dict[str, int | float] | None = None
         self.received_version: int | None = None
-        self._checksum_thread: threading.Thread | None = None
 
     def init_transfer_engine(self, init_info: AsyncrlInitInfo) -> None:
         import datetime
@@ -109,36 +109,34 @@ class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlU
         if self.pg is None:
             raise RuntimeError("asyncrl weight transfer: not initialised (POST /weights/init first)")
         received: list[tuple[str, torch.Tensor]] = []
+        keep = self.device.type == "cpu"  # see `received_checksum`
 
         def load(items: list[tuple[str, torch.Tensor]]) -> None:
             self.model.load_weights(items)
-            received.extend((n, t.detach().to("cpu", copy=True)) for n, t in items)
+            if keep:
+                received.extend(items)
 
+        self.received, self._received_checksum, self.received_version = None, None, None
         manifest = receive_weights(self.pg, self.device, float(update_info.timeout_s), load)
         if manifest.version != update_info.version:
             raise RuntimeError(
                 f"asyncrl weight transfer: trainer sent version {manifest.version}, server expected {update_info.version}"
             )
         self.received_version = manifest.version
-        self._checksum_later(received)
+        self.received = received if keep else None
 
-    def _checksum_later(self, received: list[tuple[str, torch.Tensor]]) -> None:
-        """The checksum of what arrived, computed in a thread once the update is done: a pass over every weight
-        (milliseconds here, seconds for a 7B model) kept out of the engine's pause; `wait_checksum` joins it."""
-        self.wait_checksum()
-        self.received_checksum = None
+    def received_checksum(self) -> dict[str, int | float] | None:
+        """The checksum of the tensors the last update loaded, as they arrived; None before the first update, and
+        on a GPU.
 
-        def run() -> None:
-            self.received_checksum = weights_checksum(received)
-
-        self._checksum_thread = threading.Thread(target=run, name="asyncrl-received-checksum", daemon=True)
-        self._checksum_thread.start()
-
-    def wait_checksum(self, timeout_s: float | None = None) -> None:
-        """Return once the checksum of the last update is computed (or `timeout_s` passed)."""
-        thread = self._checksum_thread
-        if thread is not None:
-            thread.join(timeout_s)
+        Computed on request (the launcher asks once, at the end of a run), never inside an update. On the CPU the
+        update keeps the received buckets (views, no copy; the model's own copies of the linear weights are
+        re-packed for oneDNN and no longer readable). On a GPU it keeps nothing: the buckets would hold a second
+        copy of the model in device memory, and the model's own parameters cover every weight there.
+        """
+        if self._received_checksum is None and self.received is not None:
+            self._received_checksum = weights_checksum(self.received)
+        return self._received_checksum
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
@@ -175,6 +173,18 @@ if BACKEND_NAME not in WeightTransferEngineFactory._registry:
 class WeightSyncExtension:
     """Mixed into vLLM's worker class (`worker_extension_cls`); methods are reached via `collective_rpc`."""
 
+    def asyncrl_update_weights(self, update_info: dict[str, Any]) -> dict[str, float]:
+        """vLLM's weight-update session (`start_weight_update`, `update_weights`, `finish_weight_update`, the
+        worker's own methods, with their checks and clean-up on failure) in one call: one engine round trip,
+        not three, while generation is paused. Returns the seconds each step took."""
+        t0 = time.monotonic()
+        self.start_weight_update()  # type: ignore[attr-defined]
+        t1 = time.monotonic()
+        self.update_weights(update_info)  # type: ignore[attr-defined]
+        t2 = time.monotonic()
+        self.finish_weight_update()  # type: ignore[attr-defined]
+        return {"start_s": t1 - t0, "receive_s": t2 - t1, "finish_s": time.monotonic() - t2}
+
     def asyncrl_checksum(self) -> dict[str, Any]:
         """Checksum of the weights in this worker.
 
@@ -185,13 +195,12 @@ class WeightSyncExtension:
         with that update's `version` (None before the first update).
         """
         engine = getattr(self, "weight_transfer_engine", None)
-        if engine is not None and hasattr(engine, "wait_checksum"):
-            engine.wait_checksum(CHECKSUM_WAIT_S)
+        received = engine.received_checksum() if isinstance(engine, AsyncrlWeightTransferEngine) else None
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         params = list(model.named_parameters(remove_duplicate=True))
         return {
             "model": weights_checksum(params),
             "emptied": sorted(n for n, p in params if p.numel() == 0),
-            "received": getattr(engine, "received_checksum", None),
+            "received": received,
             "version": getattr(engine, "received_version", None),
         }
