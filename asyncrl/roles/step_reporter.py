@@ -2,19 +2,26 @@
 
 A training step hands its own metrics to `StepReporter.submit` and goes on. A background thread then reads the
 other roles' figures (`read_external`: their heartbeats and the environment writers' rollout stats, S3 reads) and
-logs the step's metrics merged with those figures (`log`: MLflow). So a step makes no MLflow call and no S3 read
-for reporting; what it publishes in `versions/latest.json` carries the figures the thread read last (`external()`).
+logs the steps' metrics (`log`: MLflow). So a step makes no MLflow call and no S3 read for reporting; what it
+publishes in `versions/latest.json` carries the figures the thread read last (`external()`).
+
+The thread logs the steps queued since its last call together, in one call (one MLflow `log_batch` holds up to
+1,000 values), at most once every `log_every_s` unless a flush, a close or a `fresh` step asks for it sooner: one
+database commit for several steps, not one per step. The roles' figures change only when the roles rewrite them
+(every few seconds), so they are logged once per read, at the newest step of the call that read them, not copied
+onto every step.
 
 Invariants:
-- steps are logged in the order submitted, each once, with the wall-clock time of its submission;
-- a failure to read the figures or to log is logged as a warning and counted (`failures`), never raised into
-  training (the figures of the failed read stay as they were);
-- `flush(timeout_s)` returns True once every step submitted before it is logged, False when its deadline passed
-  first; `close()` flushes (bounded) and stops the thread; both are idempotent;
+- steps are logged in the order submitted, each once, with the wall-clock time of its submission and its own
+  metrics; the figures of a read go with exactly one step (the newest of that call);
+- a failure to read the figures or to log is logged as a warning and counted (`failures`: one per failed read,
+  one per failed call), never raised into training (the figures of the failed read stay as they were); the steps
+  of a failed call are not retried;
+- `flush(timeout_s)` returns True once every step submitted before it is logged (or its call failed), False when
+  its deadline passed first; `close()` flushes (bounded) and stops the thread; both are idempotent;
 - `external()` is a copy of the figures as last read ({} before the first read);
-- the figures are read for the first step logged, for a step submitted with `fresh=True` (the last one), and
-  otherwise at most once every `read_every_s` (the roles rewrite them only every few seconds: reading them for every
-  step re-reads the same objects, six S3 requests a step).
+- the figures are read for the first call, for a call holding a `fresh` step (the last one), and otherwise at
+  most once every `read_every_s`.
 """
 
 from __future__ import annotations
@@ -27,21 +34,27 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
-LogFn = Callable[[dict[str, float], int, int], None]  # (metrics, step, timestamp in ms)
+StepMetrics = tuple[dict[str, float], int, int]  # (metrics, step, timestamp in ms)
+LogFn = Callable[[list[StepMetrics]], None]
 
 
 class StepReporter:
     def __init__(self, read_external: Callable[[], dict[str, float]], log_fn: LogFn | None,
-                 read_every_s: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 read_every_s: float = 0.0, log_every_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._read_external = read_external
         self._log = log_fn
         self.read_every_s = float(read_every_s)
+        self.log_every_s = float(log_every_s)
         self._clock = clock
         self._last_read: float | None = None
+        self._last_log: float | None = None
         self.reads = 0
+        self.calls = 0
         self._cond = threading.Condition()
         self._queue: deque[tuple[dict[str, float], int, int, bool]] = deque()
         self._pending = 0  # submitted, not yet logged
+        self._hurry = 0  # flushes waiting: log what is queued without waiting for `log_every_s`
         self._external: dict[str, float] = {}
         self._closing = False
         self.failures = 0
@@ -63,7 +76,12 @@ class StepReporter:
 
     def flush(self, timeout_s: float) -> bool:
         with self._cond:
-            done = self._cond.wait_for(lambda: self._pending == 0, timeout_s)
+            self._hurry += 1
+            self._cond.notify_all()
+            try:
+                done = self._cond.wait_for(lambda: self._pending == 0, timeout_s)
+            finally:
+                self._hurry -= 1
         if not done:
             log.warning("step reporter: %d step(s) not logged after %.0f s", self._pending, timeout_s)
         return done
@@ -76,32 +94,55 @@ class StepReporter:
             self._cond.notify_all()
         self._thread.join(timeout=5.0)
 
+    def _due(self) -> bool:
+        """(Under the lock.) Whether what is queued is to be logged now."""
+        if not self._queue:
+            return False
+        if self._hurry or self._closing or self._last_log is None or any(e[3] for e in self._queue):
+            return True
+        return self._clock() - self._last_log >= self.log_every_s
+
+    def _take(self) -> list[tuple[dict[str, float], int, int, bool]] | None:
+        """Wait until a call is due; the queued steps, or None once closing with nothing queued."""
+        with self._cond:
+            while not self._due():
+                if self._closing and not self._queue:
+                    return None
+                wait = None
+                if self._queue and self._last_log is not None:
+                    wait = max(0.0, self.log_every_s - (self._clock() - self._last_log))
+                self._cond.wait(wait)
+            batch = list(self._queue)
+            self._queue.clear()
+            return batch
+
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._closing)
-                if not self._queue:
-                    return
-                metrics, step, ts, fresh = self._queue.popleft()
+        while (batch := self._take()) is not None:
             now = self._clock()
+            fresh = any(e[3] for e in batch)
+            entries: list[StepMetrics] = [(metrics, step, ts) for metrics, step, ts, _ in batch]
             if fresh or self._last_read is None or now - self._last_read >= self.read_every_s:
                 self._last_read = now
                 try:
                     self.reads += 1
-                    fresh = self._read_external()
+                    figures = self._read_external()
                     with self._cond:
-                        self._external = dict(fresh)
+                        self._external = dict(figures)
+                    metrics, step, ts = entries[-1]
+                    entries[-1] = ({**metrics, **figures}, step, ts)
                 except Exception as e:  # the figures stay as last read
                     self.failures += 1
                     log.warning("step reporter: reading the roles' figures failed: %s", e)
             try:
                 if self._log is not None:
-                    self._log({**metrics, **self.external()}, step, ts)
-                self.logged += 1
+                    self.calls += 1
+                    self._log(entries)
+                self.logged += len(entries)
             except Exception as e:
                 self.failures += 1
-                log.warning("step reporter: logging step %d failed: %s", step, e)
+                log.warning("step reporter: logging steps %d..%d failed: %s", entries[0][1], entries[-1][1], e)
             finally:
+                self._last_log = self._clock()
                 with self._cond:
-                    self._pending -= 1
+                    self._pending -= len(entries)
                     self._cond.notify_all()

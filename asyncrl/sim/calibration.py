@@ -142,7 +142,7 @@ def constants_from(raw: dict[str, Any], prompt_tokens: int, sync_bandwidth: floa
         book = s3["bookkeeping"]
         c["publish_s"] = book["metrics_reads"]["wall_s"] + s3["json_put"]["wall_s"]
         n["publish_s"] = "measured: the trainer's stats + heartbeat reads (LIST, GETs) and the latest.json PUT"
-        c["log_s"], n["log_s"] = book["mlflow_log"]["wall_s"], "measured: MLflow log_metrics of 110 metrics, sqlite"
+        c["log_s"], n["log_s"] = book["mlflow_log"]["wall_s"], "measured: MLflow log_steps of two steps (~100 values), sqlite; per step"
         c["checkpoint_s"] = book["checkpoint"]["wall_s"]
         n["checkpoint_s"] = "measured: save_checkpoint (model + Adam state, 4 MB) to SeaweedFS"
     reward = raw.get("reward", {}).get("score_batch")

@@ -16,7 +16,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,15 +152,22 @@ class Tracker:
         """Log `metrics` at `step` (at `timestamp_ms`, default now); values must be numbers (bool/int/float); inf
         becomes an error."""
         now = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
+        self.log_steps([(metrics, step, now)])
+
+    def log_steps(self, steps: Sequence[tuple[Mapping[str, float], int, int]]) -> None:
+        """Log several steps' metrics, each (metrics, step, timestamp in ms), in as few calls as MLflow's batch
+        limit allows (one database commit each); values as for `log_metrics`, all checked before anything is
+        sent."""
         items = []
-        for k, v in metrics.items():
-            try:
-                value = float(v)
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"metric {k!r}: expected a number, got {v!r}") from e
-            if math.isinf(value):
-                raise ValueError(f"metric {k!r}: expected a finite number or NaN, got {value}")
-            items.append(Metric(key=k, value=value, timestamp=now, step=int(step)))
+        for metrics, step, timestamp_ms in steps:
+            for k, v in metrics.items():
+                try:
+                    value = float(v)
+                except (TypeError, ValueError) as e:
+                    raise ValueError(f"metric {k!r}: expected a number, got {v!r}") from e
+                if math.isinf(value):
+                    raise ValueError(f"metric {k!r}: expected a finite number or NaN, got {value}")
+                items.append(Metric(key=k, value=value, timestamp=int(timestamp_ms), step=int(step)))
         for i in range(0, len(items), _METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=items[i : i + _METRICS_PER_BATCH], synchronous=True)
 

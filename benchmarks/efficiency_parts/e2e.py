@@ -239,16 +239,21 @@ def mlflow_figures(db: Path, run_name: str) -> dict[str, Any]:
 
 
 def _token_rate(series: dict[str, dict[int, float]], steady: list[int]) -> float | None:
-    """Generated tokens/s of all servers between the first and last steady steps (the servers' own counters)."""
+    """Generated tokens/s of all servers between the first and last steady steps at which their counters were logged
+    (the servers' own counters; the trainer logs them once per read of the heartbeats, every few seconds)."""
     if len(steady) < 2:
         return None
-    a, b = steady[0] - 1 if steady[0] - 1 in series.get("time/step_s", {}) else steady[0], steady[-1]
+    first = steady[0] - 1 if steady[0] - 1 in series.get("time/step_s", {}) else steady[0]
     rate, found = 0.0, False
     for key, tokens in series.items():
         if not key.endswith("/tokens_generated"):
             continue
         up = series.get(key.replace("/tokens_generated", "/uptime_s"), {})
-        if a in tokens and b in tokens and a in up and b in up and up[b] > up[a]:
+        logged = [s for s in sorted(tokens) if first <= s <= steady[-1] and s in up]
+        if len(logged) < 2:
+            continue
+        a, b = logged[0], logged[-1]
+        if up[b] > up[a]:
             rate += (tokens[b] - tokens[a]) / (up[b] - up[a])
             found = True
     return rate if found else None

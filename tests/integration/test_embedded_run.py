@@ -103,7 +103,10 @@ def test_mlflow_has_step_metrics(finished_run):
         assert sum(h[step].value for h in hist) == cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     for name in ("rollout/admitted_groups", "rollout/requests_in_flight", "rollout/aborted_redundant_groups",
                  "rollout/aborted_samples", "rollout/dropped_samples"):
-        assert len(client.get_metric_history(run.info.run_id, name)) == cfg.training.steps, name
+        # the writers' figures are logged once per read (every few seconds), always at the last step
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, name)]
+        assert len(set(steps)) == len(steps) and set(steps) <= set(range(1, cfg.training.steps + 1)), name
+        assert cfg.training.steps in steps, name
     admitted = sorted(client.get_metric_history(run.info.run_id, "rollout/admitted_groups"), key=lambda m: m.step)
     assert admitted[-1].value >= cfg.training.steps * cfg.rollout.prompts_per_step - cfg.rollout.prompts_per_step
     busy = client.get_metric_history(run.info.run_id, "rollout/env0/server0/busy_fraction")

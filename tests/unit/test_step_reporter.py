@@ -1,45 +1,76 @@
-"""The trainer's step reporter: steps logged in order with the roles' latest figures, off the caller's thread;
-failures counted and never raised; flush and close bounded."""
+"""The trainer's step reporter: steps logged in order, several per call, the roles' figures once per read; failures
+counted and never raised; flush and close bounded."""
 
 from __future__ import annotations
 
 import threading
 
-from asyncrl.roles.step_reporter import StepReporter
+from asyncrl.roles.step_reporter import StepMetrics, StepReporter
 
 
-def test_steps_are_logged_in_order_with_the_figures_read_for_them() -> None:
+def test_steps_are_logged_in_order_and_the_figures_once_per_read() -> None:
     reads = iter([{"rollout/a": 1.0}, {"rollout/a": 2.0, "gen/b": 5.0}])
-    logged: list[tuple[dict[str, float], int]] = []
-    r = StepReporter(lambda: next(reads), lambda m, step, ts: logged.append((m, step)))
+    calls: list[list[StepMetrics]] = []
+    r = StepReporter(lambda: next(reads), lambda entries: calls.append([(m, s, 0) for m, s, _ in entries]))
     assert r.external() == {}
     r.submit({"loss": 0.5, "rollout/a": 0.0}, 1)
+    assert r.flush(10.0)
     r.submit({"loss": 0.25}, 2)
     assert r.flush(10.0)
-    assert logged == [({"loss": 0.5, "rollout/a": 1.0}, 1), ({"loss": 0.25, "rollout/a": 2.0, "gen/b": 5.0}, 2)]
+    assert calls == [[({"loss": 0.5, "rollout/a": 1.0}, 1, 0)], [({"loss": 0.25, "rollout/a": 2.0, "gen/b": 5.0}, 2, 0)]]
     assert r.external() == {"rollout/a": 2.0, "gen/b": 5.0}
-    assert (r.logged, r.failures) == (2, 0)
+    assert (r.logged, r.failures, r.calls) == (2, 0, 2)
     r.close()
     r.close()  # idempotent
 
 
+def test_steps_queued_within_log_every_s_go_in_one_call_with_the_figures_on_the_newest() -> None:
+    now = {"t": 0.0}
+    calls: list[list[tuple[dict[str, float], int]]] = []
+    r = StepReporter(lambda: {"rollout/x": 7.0}, lambda entries: calls.append([(m, s) for m, s, _ in entries]),
+                     read_every_s=0.0, log_every_s=3600.0, clock=lambda: now["t"])
+    r.submit({"loss": 1.0}, 1)
+    assert r.flush(10.0)  # the first call goes at once
+    for step in (2, 3, 4):
+        r.submit({"loss": float(step)}, step)
+    assert r.flush(10.0)  # a flush logs what is queued without waiting the hour
+    assert calls == [[({"loss": 1.0, "rollout/x": 7.0}, 1)],
+                     [({"loss": 2.0}, 2), ({"loss": 3.0}, 3), ({"loss": 4.0, "rollout/x": 7.0}, 4)]]
+    assert (r.logged, r.calls) == (4, 2)
+    r.close()
+
+
+def test_a_fresh_step_is_logged_without_waiting() -> None:
+    logged = threading.Event()
+    r = StepReporter(dict, lambda entries: logged.set(), log_every_s=3600.0)
+    r.submit({}, 1)
+    assert r.flush(10.0)
+    logged.clear()
+    r.submit({}, 2)
+    assert not logged.wait(0.2)  # waits for log_every_s
+    r.submit({}, 3, fresh=True)
+    assert logged.wait(10.0)
+    assert r.flush(10.0) and r.logged == 3
+    r.close()
+
+
 def test_failures_are_counted_never_raised_and_the_last_figures_stay() -> None:
-    calls = {"n": 0}
+    reads = {"n": 0}
 
     def read() -> dict[str, float]:
-        calls["n"] += 1
-        if calls["n"] == 2:
+        reads["n"] += 1
+        if reads["n"] == 2:
             raise ConnectionError("S3 down")
-        return {"x": float(calls["n"])}
+        return {"x": float(reads["n"])}
 
-    def log_fn(m: dict[str, float], step: int, ts: int) -> None:
-        if step == 3:
+    def log_fn(entries: list[StepMetrics]) -> None:
+        if entries[-1][1] == 3:
             raise RuntimeError("MLflow down")
 
     r = StepReporter(read, log_fn)
     for step in (1, 2, 3):
         r.submit({"s": float(step)}, step)
-    assert r.flush(10.0)
+        assert r.flush(10.0)
     assert r.failures == 2 and r.logged == 2
     assert r.external() == {"x": 3.0}
     r.close()
@@ -47,7 +78,7 @@ def test_failures_are_counted_never_raised_and_the_last_figures_stay() -> None:
 
 def test_flush_is_bounded_and_the_caller_never_waits_on_a_slow_log() -> None:
     release = threading.Event()
-    r = StepReporter(dict, lambda m, step, ts: release.wait(10))
+    r = StepReporter(dict, lambda entries: release.wait(10))
     r.submit({}, 1)  # returns at once although logging blocks
     assert r.flush(0.05) is False
     release.set()
@@ -63,9 +94,9 @@ def test_the_figures_are_read_at_most_every_read_every_s_and_for_a_fresh_step() 
         reads["n"] += 1
         return {"rollout/reads": float(reads["n"])}
 
-    logged: list[tuple[float, int]] = []
-    r = StepReporter(read, lambda m, step, ts: logged.append((m["rollout/reads"], step)), read_every_s=5.0,
-                     clock=lambda: now["t"])
+    logged: list[tuple[float | None, int]] = []
+    r = StepReporter(read, lambda entries: logged.extend((m.get("rollout/reads"), s) for m, s, _ in entries),
+                     read_every_s=5.0, clock=lambda: now["t"])
     for step, t in ((1, 100.0), (2, 101.0), (3, 104.9), (4, 105.0), (5, 106.0)):
         now["t"] = t
         r.submit({}, step)
@@ -73,6 +104,7 @@ def test_the_figures_are_read_at_most_every_read_every_s_and_for_a_fresh_step() 
     now["t"] = 107.0
     r.submit({}, 6, fresh=True)
     assert r.flush(10.0)
-    assert logged == [(1.0, 1), (1.0, 2), (1.0, 3), (2.0, 4), (2.0, 5), (3.0, 6)]
+    assert logged == [(1.0, 1), (None, 2), (None, 3), (2.0, 4), (None, 5), (3.0, 6)]
     assert r.reads == 3
+    assert r.external() == {"rollout/reads": 3.0}
     r.close()
