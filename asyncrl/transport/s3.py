@@ -1,5 +1,10 @@
 """`S3Store`: the one object-store client every role uses, over boto3, for one bucket.
 
+The hot single-object calls (`get_with_metadata`, hence `get_bytes` / `get_json`, and `put_bytes` / `put_json`) go
+through `asyncrl.transport.s3_lean` (signed HTTP on a kept-alive connection, a third of boto3's CPU per call) when
+the store has an explicit endpoint, credentials and no proxy; `ASYNCRL_S3_BOTO_ONLY=1` sends everything through
+boto3. Both paths share the retry policy, the error mapping and the fault hook below.
+
 Invariants:
 - every call retries transient failures (connection errors, timeouts, throttling, HTTP 5xx) with
   exponential backoff and full jitter until a per-call deadline (`retry_deadline_s`, default 120 s),
@@ -20,11 +25,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 import boto3
 from botocore.config import Config
+from botocore.credentials import Credentials
 from botocore.exceptions import BotoCoreError, ClientError
 
 from asyncrl.transport.retry import (
@@ -35,6 +42,7 @@ from asyncrl.transport.retry import (
 )
 from asyncrl.transport.retry import error_code as _code
 from asyncrl.transport.retry import error_status as _status
+from asyncrl.transport.s3_lean import LeanObjectClient
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +56,16 @@ FaultHook = Callable[[str, str, int, Literal["before", "after"]], None]
 """Test seam: `hook(op, where, attempt, phase)` (where = "s3://bucket/key") runs before and after each
 attempt's request, inside the retry loop; raising a transient error "before" simulates a request that
 never arrived, "after" one whose response was lost."""
+
+
+def lean_client(endpoint_url: str, bucket: str, region: str, credentials: Credentials | None,
+                timeout_s: float) -> LeanObjectClient | None:
+    """The lean GET/PUT path (`asyncrl.transport.s3_lean`) where it behaves as boto3 would: an explicit http(s)
+    endpoint, credentials resolved, no proxy configured; else None (every call through boto3)."""
+    proxied = any(os.environ.get(v) for v in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"))
+    if not endpoint_url or credentials is None or proxied or os.environ.get("ASYNCRL_S3_BOTO_ONLY") == "1":
+        return None
+    return LeanObjectClient(endpoint_url, bucket, region, credentials, timeout_s)
 
 
 class ObjectExists(StorageError):
@@ -98,6 +116,7 @@ class S3Store:
         # store made after the environment changed would silently keep the old ones.
         session = boto3.session.Session()
         self._client = session.client("s3", endpoint_url=endpoint_url or None, region_name=region, config=config)
+        self._lean = lean_client(endpoint_url, bucket, region, session.get_credentials(), timeout_s)
 
     def __repr__(self) -> str:
         return f"S3Store(endpoint_url={self.endpoint_url!r}, bucket={self.bucket!r})"
@@ -163,7 +182,10 @@ class S3Store:
         def put(n: int) -> bool:
             """True: written; False: 412 on a retry, so our own lost write may be what is there."""
             try:
-                self._client.put_object(**kwargs)
+                if self._lean is not None:
+                    self._lean.put(key, data, metadata, if_absent)
+                else:
+                    self._client.put_object(**kwargs)
                 return True
             except ClientError as e:
                 if if_absent and _precondition_failed(e):
@@ -188,6 +210,8 @@ class S3Store:
         """The object's bytes and user metadata, or None when there is no object at `key`."""
 
         def get(_: int) -> tuple[bytes, dict[str, str]] | None:
+            if self._lean is not None:
+                return self._lean.get(key)
             try:
                 resp = self._client.get_object(Bucket=self.bucket, Key=key)
             except ClientError as e:
@@ -300,3 +324,5 @@ class S3Store:
 
     def close(self) -> None:
         self._client.close()
+        if self._lean is not None:
+            self._lean.close()
