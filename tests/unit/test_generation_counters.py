@@ -1,10 +1,19 @@
-"""`ActivityCounters` (the cumulative /health counters of the generation engine) with a hand-driven clock."""
+"""The generation engine's /health figures: `ActivityCounters` with a hand-driven clock, and running / waiting / load
+read from vLLM's output processor."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from asyncrl.generation.engine import ActivityCounters
+from asyncrl.generation.engine import (
+    ActivityCounters,
+    EngineSettings,
+    GenerationEngine,
+    _InFlight,
+    _sampled_logprobs,
+)
 
 
 class Clock:
@@ -45,3 +54,35 @@ def test_end_without_begin_is_an_error() -> None:
     c = ActivityCounters(Clock())
     with pytest.raises(RuntimeError, match="without a matching begin"):
         c.end(finished=True)
+
+
+# ---- health() figures from vLLM's output processor (requests are sent FINAL_ONLY) ------------------------------
+def _engine(states: dict[str, int] | None, inflight: dict[str, int]) -> GenerationEngine:
+    """An engine whose `llm` is only what `health()` reads: `states` maps request id → tokens so far (None: a vLLM
+    without an output processor); `inflight` maps request id → max_tokens."""
+    llm = SimpleNamespace(errored=False)
+    if states is not None:
+        llm.output_processor = SimpleNamespace(request_states={
+            f"{rid}-internal": SimpleNamespace(external_req_id=rid, detokenizer=SimpleNamespace(
+                num_output_tokens=lambda n=n: n)) for rid, n in states.items()})
+    engine = GenerationEngine(llm, EngineSettings(model="unused"))
+    engine._inflight = {rid: _InFlight(max_tokens=m) for rid, m in inflight.items()}
+    return engine
+
+
+def test_health_counts_running_waiting_and_load_from_the_output_processor() -> None:
+    h = _engine({"a": 3, "b": 0}, {"a": 10, "b": 6, "c": 4}).health()
+    assert (h["running"], h["waiting"], h["load"]) == (1, 2, 7 + 6 + 4)
+
+
+def test_health_without_progress_counts_every_request_as_waiting() -> None:
+    h = _engine(None, {"a": 10, "b": 6}).health()
+    assert (h["running"], h["waiting"], h["load"]) == (0, 2, 16)
+
+
+def test_sampled_logprobs_are_checked_against_the_tokens() -> None:
+    flat = SimpleNamespace(token_ids=[5, 9], logprobs=[-0.5, -1.25])
+    assert _sampled_logprobs(flat, [5, 9]) == [-0.5, -1.25]
+    assert _sampled_logprobs(None, []) == []
+    with pytest.raises(RuntimeError, match="one per sampled token"):
+        _sampled_logprobs(flat, [5, 9, 2])
