@@ -9,6 +9,8 @@ each part in its own process so that no two heavy processes overlap:
 3. end to end: the real `asyncrl run` (eval off), steady-state trained samples/s from run_summary.json, and the CPU
    time of every process of its tree by class: control-plane CPU per trained sample (everything but the vLLM engine
    core and the trainer; target <= 1 ms), the trainer's CPU share while it waits for data (`e2e.py`);
+3b. the trainer idle: the same run with its environment roles stopped on purpose after a few steps, the trainer's
+   CPU share while nothing new arrives (target <= 5% of a core; `trainer_idle.py`);
 4. TRL: `GRPOTrainer`, synchronous, same model, prompts, batch, group size, lr and temperature, in its own venv
    (`.cache/bench-trl-venv`, built on first use; `trl_part.py`, `trl_worker.py`);
 5. the simulator's `cpu-tiny` prediction for the job (`sim_part.py`);
@@ -38,9 +40,10 @@ from typing import Any
 from efficiency_parts.common import JOBS, ROOT, log, run_part
 from efficiency_parts.e2e import CLASSES, run_e2e
 from efficiency_parts.sim_part import simulate_job
+from efficiency_parts.trainer_idle import run_trainer_idle
 from efficiency_parts.trl_part import run_trl
 
-PARTS = ("raw", "train", "e2e", "trl", "sim")
+PARTS = ("raw", "train", "e2e", "idle", "trl", "sim")
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -84,7 +87,7 @@ def run_job(name: str, args: argparse.Namespace, work: Path, runs_dir: Path) -> 
                            "async_ratio": ro.async_ratio, "mode": ro.mode}
     job_work = work / name
     batch_file = job_work / "raw_batch.json"
-    raw = train = e2e = trl = sim = None
+    raw = train = e2e = idle = trl = sim = None
     if "raw" not in args.skip:
         log(f"{name}: raw engine (vllm.LLM, {args.raw_batches} batches of {samples} after a warm-up)")
         raw = run_part("raw_engine", {"config": config, "overrides": overrides, "batches": args.raw_batches,
@@ -99,6 +102,9 @@ def run_job(name: str, args: argparse.Namespace, work: Path, runs_dir: Path) -> 
         run_id = f"eff-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
         e2e = run_e2e(config, overrides, args.steps, runs_dir, run_id, samples, args.interval)
         _report(name, "end to end", e2e, "samples_per_s")
+    if "idle" not in args.skip:
+        idle = run_trainer_idle(config, overrides, runs_dir, f"eff-{name}-idle-{time.strftime('%Y%m%d-%H%M%S')}")
+        _report(name, "trainer idle", idle, "cpu_share")
     if "trl" not in args.skip:
         log(f"{name}: TRL GRPOTrainer ({args.trl_steps} steps, {args.trl_threads} torch threads)")
         trl = run_trl(config, overrides, job_work, args.trl_steps, args.trl_threads)
@@ -109,7 +115,7 @@ def run_job(name: str, args: argparse.Namespace, work: Path, runs_dir: Path) -> 
         sim = simulate_job(cfg, raw if raw and "error" not in raw else None, args.steps)
         _report(name, "simulator", sim, "samples_per_s")
     limit = own_limit(samples, raw, train, e2e)
-    res.update({"raw_engine": raw, "train_step": train, "e2e": e2e, "trl": trl, "sim": sim, "own_limit": limit})
+    res.update({"raw_engine": raw, "train_step": train, "e2e": e2e, "trainer_idle": idle, "trl": trl, "sim": sim, "own_limit": limit})
     e2e_sps = figure(e2e, "samples_per_s")
     res["ratios"] = {
         "e2e_vs_raw_engine": ratio(e2e_sps, figure(raw, "samples_per_s")),
@@ -158,16 +164,17 @@ def print_tables(jobs: dict[str, dict[str, Any]]) -> None:
               f"sync {_f(lim.get('sync_s'), 6, 3)}  ideal {_f(lim.get('async_step_s'), 6, 3)}  | e2e step "
               f"{_f(m.get('step_s_mean'), 6, 3)} = wait {_f(m.get('wait_s_mean'), 6, 3)} + train "
               f"{_f(m.get('train_s_mean'), 6, 3)} + sync {_f(m.get('sync_s_mean'), 6, 3)}")
-    print("\ncontrol-plane CPU, ms per trained sample (steady window; target <= 1 ms), and the trainer's CPU share "
-          "while waiting")
-    print(f"{'job':<10}" + "".join(f"{c[:11]:>12}" for c in CLASSES) + f"{'control':>10}{'wait cpu':>10}")
+    print("\ncontrol-plane CPU, ms per trained sample (steady window; target <= 1 ms); the trainer's CPU share while it "
+          "waits in the run (decoding what arrives) and while nothing new arrives (idle; target <= 0.05)")
+    print(f"{'job':<10}" + "".join(f"{c[:11]:>12}" for c in CLASSES) + f"{'control':>10}{'wait cpu':>10}{'idle cpu':>10}")
     for name, j in jobs.items():
         cp = (j["e2e"] or {}).get("control_plane") or {}
         per = cp.get("ms_per_sample") or {}
         share = ((j["e2e"] or {}).get("mlflow") or {}).get("trainer_wait_cpu_share")
         print(f"{name:<10}" + "".join(_f(per.get(c), 12, 3) for c in CLASSES)
               + _f(cp.get("control_plane_ms_per_sample"), 10, 3)
-              + (_f(share, 10, 3) if share is not None else f"{'n/m':>10}"))
+              + (_f(share, 10, 3) if share is not None else f"{'n/m':>10}")
+              + _f(figure(j.get("trainer_idle"), "cpu_share"), 10, 3))
 
 
 def versions() -> dict[str, str | None]:

@@ -106,7 +106,7 @@ class TreeSampler:
         return sorted(rows, key=lambda r: -r["cpu_s"])
 
 
-def _reader(stream: Any, events: queue.Queue, log_path: Path) -> None:
+def read_launcher(stream: Any, events: queue.Queue, log_path: Path) -> None:
     with open(log_path, "w") as f:
         for line in stream:
             f.write(line)
@@ -133,7 +133,7 @@ def run_e2e(config: str, overrides: list[str], steps: int, runs_dir: Path, run_i
     me = psutil.Process()
     my_cpu0 = sum(me.cpu_times()[:2])
     events: queue.Queue = queue.Queue()
-    threading.Thread(target=_reader, args=(proc.stdout, events, out_log), daemon=True).start()
+    threading.Thread(target=read_launcher, args=(proc.stdout, events, out_log), daemon=True).start()
     marks: dict[int, tuple[float, dict[str, float]]] = {}
     finished = False
     while not finished:
