@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -92,7 +93,10 @@ def new_run_id(cfg: RunConfig) -> str:
 
 
 def _print(msg: str) -> None:
-    print(msg, flush=True)
+    """Progress for the user; best effort: a closed stdout (its reader gone) must never stop the launcher from
+    stopping its roles."""
+    with contextlib.suppress(OSError, ValueError):
+        print(msg, flush=True)
 
 
 class EmbeddedRun:

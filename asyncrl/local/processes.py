@@ -2,12 +2,14 @@
 
 Each role runs as `python -m asyncrl.roles.<role>` exactly as a cluster would start it. A child is started in a
 new process session so that its own children (vLLM's EngineCore and workers, DeepSpeed helpers) can be stopped
-as a group: SIGTERM to the group, then SIGKILL after a grace period.
+as a group: SIGTERM to the group, then SIGKILL after a grace period. Each child also asks Linux for SIGTERM when
+the launcher dies (`die_with_parent`), so a launcher killed outright leaves no role behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -18,6 +20,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()  # loaded in the parent: the child must not dlopen between fork and exec
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Ask Linux to SIGTERM the child when the thread that started it dies (no orphan servers or roles)."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass
@@ -54,7 +74,7 @@ class ProcessGroup:
         out = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
         proc = subprocess.Popen(
             [sys.executable, "-m", module, *args], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=self.env, start_new_session=True,
+            env=self.env, start_new_session=True, preexec_fn=die_with_parent,  # noqa: PLW1509
         )
         out.close()
         child = Child(name, proc, log_path, module, tuple(args))

@@ -23,7 +23,6 @@ port + 10000 (SeaweedFS's own convention), with both ports free.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -40,12 +39,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from asyncrl.local.processes import die_with_parent
+
 log = logging.getLogger(__name__)
 
 GRPC_OFFSET = 10_000
 _HTTP_SERVICES = ("master", "volume", "filer", "s3", "admin")
 _READY_BUCKET = "asyncrl-ready"
-_PR_SET_PDEATHSIG = 1
 _SOCK_DIR_PREFIX = "asyncrl-weed-"
 # Go's garbage collector, sized for weed mini's ~150 MiB of live heap. With GOMEMLIMIT=256MiB (the earlier setting)
 # the heap sat at the limit and the collector ran without pause: 72% of weed's CPU was GC mark work (a pprof profile
@@ -110,22 +110,6 @@ def pick_port_pairs(n: int, lo: int = 20_000, hi: int = 55_000, tries: int = 2_0
     if len(chosen) != n:
         raise RuntimeError(f"could not find {n} free port pairs (p, p+{GRPC_OFFSET}) in [{lo}, {hi}]")
     return chosen
-
-
-def _load_libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:
-        return None
-
-
-_LIBC = _load_libc()  # loaded in the parent: the child must not dlopen between fork and exec
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Ask Linux to SIGTERM the child when the thread that started it dies (no orphan servers)."""
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _grpc_socket(service: str, http_port: int) -> Path:
@@ -243,7 +227,7 @@ class EmbeddedS3:
             env=env,
             cwd=self.data_dir,
             start_new_session=True,
-            preexec_fn=_die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
+            preexec_fn=die_with_parent if self.die_with_parent else None,  # noqa: PLW1509
         )
         owner = {"weed_pid": self._proc.pid, "grpc_sockets": [str(_grpc_socket(n, p)) for n, p in self.ports.items()]}
         (Path(str(self._sock_dir)) / _OWNER_FILE).write_text(json.dumps(owner))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -62,3 +63,43 @@ def test_ctrl_c_stops_everything(tmp_path):
     assert "interrupted: all roles stopped" in out
     time.sleep(1)
     assert _run_processes(run_dir) == []
+
+
+@pytest.mark.parametrize("how", ["sigterm_with_stdout_closed", "sigkill"])
+def test_a_launcher_gone_leaves_no_role_behind(tmp_path, how):
+    """SIGTERM after the launcher's stdout reader went away (its prints fail) still stops every role; a launcher
+    killed outright takes its roles with it (each asks Linux for SIGTERM when its parent dies)."""
+    runs = tmp_path / "runs"
+    run_dir = runs / f"gone-{how}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "asyncrl.cli", "run", str(ROOT / "configs/smoke.yaml"), "--set", f"runs_dir={runs}",
+         "--set", f"run_id=gone-{how}", "--set", f"cache_dir={ROOT / '.cache/asyncrl'}",
+         "--set", "generation.num_servers=1", "--set", "training.steps=100000"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ},
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            logs = run_dir / "logs"
+            if logs.is_dir() and any(logs.glob("generation-*.log")) and any(logs.glob("reward-*.log")):
+                break
+            time.sleep(0.5)
+        time.sleep(3)
+        assert len(_run_processes(run_dir)) >= 3
+        if how == "sigkill":
+            proc.kill()
+        else:
+            proc.stdout.close()
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+        gone_by = time.monotonic() + 60
+        while _run_processes(run_dir) and time.monotonic() < gone_by:
+            time.sleep(1)
+        left = _run_processes(run_dir)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _run_processes(run_dir):
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+    assert left == [], [" ".join(psutil.Process(p).cmdline()) for p in left if psutil.pid_exists(p)]
