@@ -6,7 +6,8 @@ may call one tool or answer:
   AST walk, never `eval`); the next observation is `Result: <value>` or `Error: <why>`;
 - `<python>print(3 * 9)</python>` (when `allow_python`): run in a new `asyncrl.sandbox` (its own namespaces, no
   network, a seccomp filter, a small private folder, time, memory and output limits); the observation is its
-  output (or its error), truncated;
+  output (or its error), truncated. With `sandbox_url` set, the program runs in the sandbox service at that URL
+  (`asyncrl.sandbox.server`, on a cluster the sandbox pool) instead, and this process needs no user namespaces;
 - `<answer>27</answer>`: ends the episode; reward 1 if the number equals the answer, else 0.
 A reply with none of these costs `format_penalty` and a turn; `max_turns` turns without an answer truncate the
 episode. The last tag of a reply wins when it holds several.
@@ -15,14 +16,17 @@ episode. The last tag of a reply wins when it holds several.
 from __future__ import annotations
 
 import ast
+import asyncio
 import operator
 import random
 import re
+import weakref
 from typing import Any
 
 from asyncrl.envs.base import EpisodeOver, StepResult, register
+from asyncrl.sandbox.client import RemoteSandbox
 from asyncrl.sandbox.host import sandbox_host
-from asyncrl.sandbox.runner import run_python
+from asyncrl.sandbox.runner import SandboxResult, run_python
 
 _TAG_RE = re.compile(r"<(calculator|python|answer)>(.*?)</\1>", re.IGNORECASE | re.DOTALL)
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -95,14 +99,17 @@ class ToolUse:
     """A word problem per `reset(seed)`; see the module docstring."""
 
     def __init__(self, max_operand: int = 20, max_turns: int = 4, allow_python: bool = True,
-                 python_timeout_s: float = 5.0, format_penalty: float = -0.1) -> None:
+                 python_timeout_s: float = 5.0, format_penalty: float = -0.1, sandbox_url: str | None = None) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns: expected >= 1, got {max_turns}")
         if max_operand < 2:
             raise ValueError(f"max_operand: expected >= 2, got {max_operand}")
         self.max_operand, self.max_turns, self.allow_python = max_operand, max_turns, allow_python
         self.python_timeout_s, self.format_penalty = python_timeout_s, format_penalty
-        if allow_python:
+        self.sandbox_url = sandbox_url
+        if sandbox_url is not None and not sandbox_url.startswith(("http://", "https://")):
+            raise ValueError(f"sandbox_url: expected an http:// or https:// URL, got {sandbox_url!r}")
+        if allow_python and not sandbox_url:
             sandbox_host()  # refuse to start (SandboxUnavailable, saying what is missing) where tools cannot be isolated
         self.answer: int | None = None
         self.turns = 0
@@ -140,7 +147,7 @@ class ToolUse:
                 except ValueError as e:
                     observation = f"Error: {e}"
             else:
-                r = await run_python(body, timeout_s=self.python_timeout_s)
+                r = await self._run_python(body)
                 observation = (r.stdout or "(no output)") if r.ok else (
                     "Error: time limit exceeded" if r.timed_out else "Error: output limit exceeded" if r.overflow
                     else f"Error: {r.stderr.strip().splitlines()[-1:]}")
@@ -150,3 +157,20 @@ class ToolUse:
         self.done = terminated or truncated
         return StepResult(f"{observation}\nTurns left: {self.max_turns - self.turns}.", reward, terminated,
                           truncated, info)
+
+    async def _run_python(self, code: str) -> SandboxResult:
+        if self.sandbox_url:
+            return await _remote_sandbox(self.sandbox_url).run(code, timeout_s=self.python_timeout_s)
+        return await run_python(code, timeout_s=self.python_timeout_s)
+
+
+_REMOTES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, RemoteSandbox]] = weakref.WeakKeyDictionary()
+
+
+def _remote_sandbox(url: str) -> RemoteSandbox:
+    """One client (and its kept-alive connections) per sandbox URL and event loop, shared by every episode on that
+    loop (the "threads" executor runs one loop per worker thread; a client belongs to one loop)."""
+    per_loop = _REMOTES.setdefault(asyncio.get_running_loop(), {})
+    if url not in per_loop:
+        per_loop[url] = RemoteSandbox(url)
+    return per_loop[url]

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 TOKEN_ENV = "ASYNCRL_ROLE_TOKEN"
 ENV_SERVER_TOKEN_ENV = "ASYNCRL_ENV_TOKEN"
+SANDBOX_TOKEN_ENV = "ASYNCRL_SANDBOX_TOKEN"  # the tool sandbox service's own token (asyncrl.sandbox.server)
 MIN_TOKEN_CHARS = 16
 DEFAULT_MAX_BODY_BYTES = 8 << 20  # 8 MiB: far above any real /generate or /score body
 DEFAULT_BODY_TIMEOUT_S = 60.0  # the whole body of a request must arrive within this (timeouts.http_s by default)
