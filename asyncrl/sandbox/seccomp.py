@@ -66,19 +66,41 @@ def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("<HBBI", code, jt, jf, k)
 
 
-def build_filter(machine: str | None = None) -> bytes:
-    """The filter program (a whole number of 8-byte instructions) for `machine` (default: this host's)."""
+def _check_machine(machine: str | None) -> None:
     machine = machine or platform.machine()
     if machine not in ("x86_64", "amd64", "AMD64"):
         raise ValueError(f"seccomp: no filter for architecture {machine!r} (only x86_64 is built)")
-    eperm = RET_ERRNO | errno.EPERM
-    prog = [
+
+
+def _arch_prologue() -> list[bytes]:
+    """Kill a call from another ABI (i386, x32), then load the syscall number."""
+    return [
         _insn(_LD_W_ABS, 0, 0, 4),  # arch
         _insn(_JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
         _insn(_RET_K, 0, 0, RET_KILL_PROCESS),
         _insn(_LD_W_ABS, 0, 0, 0),  # nr
         _insn(_JGE_K, 0, 1, X32_SYSCALL_BIT),  # the x32 ABI shares this arch value
         _insn(_RET_K, 0, 0, RET_KILL_PROCESS),
+    ]
+
+
+def build_deny_filter(numbers: set[int], machine: str | None = None) -> bytes:
+    """A plain deny list: the x86_64 calls `numbers` fail with EPERM, every other call is allowed (other ABIs are
+    killed). `asyncrl.sandbox.pod_profile` compiles the sandbox pods' profile with it, to test it here."""
+    _check_machine(machine)
+    prog = _arch_prologue()
+    for nr in sorted(numbers):
+        prog += [_insn(_JEQ_K, 0, 1, nr), _insn(_RET_K, 0, 0, RET_ERRNO | errno.EPERM)]
+    prog.append(_insn(_RET_K, 0, 0, RET_ALLOW))
+    return b"".join(prog)
+
+
+def build_filter(machine: str | None = None) -> bytes:
+    """The filter program (a whole number of 8-byte instructions) for `machine` (default: this host's)."""
+    _check_machine(machine)
+    eperm = RET_ERRNO | errno.EPERM
+    prog = [
+        *_arch_prologue(),
         _insn(_JEQ_K, 0, 1, X86_64_CLONE3),
         _insn(_RET_K, 0, 0, RET_ERRNO | errno.ENOSYS),
     ]

@@ -138,20 +138,25 @@ def test_kustomization_lists_exactly_its_files(kust: Path) -> None:
     assert files == local, f"{kust}: resources {sorted(files)} != files in folder {sorted(local)}"
 
 
-def test_base_namespace() -> None:
-    k = yaml.safe_load((ROOT / "base" / "kustomization.yaml").read_text())
-    assert k["namespace"] == "asyncrl"
+def _expected_namespace(path: Path, doc: Doc) -> str:
+    """manifests/sandbox/ (and the sandbox token's template) live in asyncrl-sandbox, everything else in asyncrl."""
+    in_sandbox = path.parent.name == "sandbox" or doc["metadata"].get("name") == "asyncrl-sandbox-token"
+    return "asyncrl-sandbox" if in_sandbox else "asyncrl"
+
+
+def test_namespaces() -> None:
+    for folder, namespace in (("base", "asyncrl"), ("sandbox", "asyncrl-sandbox")):
+        assert yaml.safe_load((ROOT / folder / "kustomization.yaml").read_text())["namespace"] == namespace
     for path, d in ALL_DOCS:
         if d["kind"] != "Namespace":
-            assert d["metadata"].get("namespace") == "asyncrl", (
-                f"{path}: {d['kind']} outside namespace asyncrl"
-            )
+            want = _expected_namespace(path, d)
+            assert d["metadata"].get("namespace") == want, f"{path}: {d['kind']} outside namespace {want}"
 
 
 def test_secrets_hold_only_placeholders() -> None:
     secrets = _of_kind("Secret")
     assert {s["metadata"]["name"] for s in secrets} == {"asyncrl-s3", "asyncrl-postgres", "asyncrl-role-token",
-                                                        "asyncrl-mlflow-auth"}
+                                                        "asyncrl-mlflow-auth", "asyncrl-sandbox-token"}
     for s in secrets:
         values = dict(s.get("stringData", {}))
         values.update({k: base64.b64decode(v).decode() for k, v in s.get("data", {}).items()})
@@ -171,6 +176,27 @@ def test_secrets_are_not_applied_by_kustomize() -> None:
             path = kust.parent / r
             if path.is_file():
                 assert all(d["kind"] != "Secret" for d in _load(path)), f"{kust} applies a Secret via {r}"
+
+
+def test_sandbox_pool_is_locked_down() -> None:
+    """The pods that run model-written code: no credential but their own token, no egress, their own user
+    namespace, the shipped seccomp profile (equal to the one asyncrl.sandbox.pod_profile builds)."""
+    from asyncrl.sandbox.pod_profile import profile_text
+
+    (deploy,) = [d for p, d in ALL_DOCS if p.parent.name == "sandbox" and d["kind"] == "Deployment"]
+    spec = deploy["spec"]["template"]["spec"]
+    assert spec["hostUsers"] is False and spec["automountServiceAccountToken"] is False
+    seccomp = spec["securityContext"]["seccompProfile"]
+    assert seccomp["type"] == "Localhost"
+    assert (ROOT / "sandbox" / "seccomp" / Path(seccomp["localhostProfile"]).name).read_text() == profile_text()
+    (container,) = spec["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    secrets = {e["valueFrom"]["secretKeyRef"]["name"] for e in container.get("env", []) if "valueFrom" in e}
+    assert secrets == {"asyncrl-sandbox-token"} and "envFrom" not in container
+    (pol,) = [d for p, d in ALL_DOCS if p.parent.name == "sandbox" and d["kind"] == "NetworkPolicy"]
+    assert pol["spec"]["policyTypes"] == ["Ingress", "Egress"] and pol["spec"]["egress"] == []
+    (rule,) = pol["spec"]["ingress"]
+    assert rule["from"][0]["podSelector"]["matchLabels"]["asyncrl/role"] == "environment"
 
 
 def test_every_container_has_requests_and_limits() -> None:
