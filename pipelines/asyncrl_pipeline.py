@@ -32,6 +32,8 @@ ROLE_TOKEN_SECRET = "asyncrl-role-token"  # key ASYNCRL_ROLE_TOKEN: the role ser
 MLFLOW_AUTH_SECRET = "asyncrl-mlflow-auth"
 MLFLOW_AUTH_KEYS = {"MLFLOW_TRACKING_USERNAME": "MLFLOW_TRACKING_USERNAME",
                     "MLFLOW_TRACKING_PASSWORD": "MLFLOW_TRACKING_PASSWORD"}
+# the tool sandbox pool's bearer token (manifests/sandbox/); optional, mapped into the environment tasks only
+SANDBOX_TOKEN_SECRET = "asyncrl-sandbox-token"
 ENDPOINTS_CONFIG_MAP = "asyncrl-endpoints"  # manifests/base/endpoints-configmap.yaml
 GPU_RESOURCE = "nvidia.com/gpu"
 ROLE_TIMEOUT_S = 7 * 24 * 3600
@@ -128,3 +130,5 @@ def asyncrl_pipeline(
             env = role(module="asyncrl.roles.environment", bucket=s3_bucket, prefix=s3_prefix, run_id=run_id,
                        role_id=env_id)
             _common(env.after(prepared), light_image, "environment", ROLE_TIMEOUT_S).set_display_name("environment")
+            kubernetes.use_secret_as_env(env, secret_name=SANDBOX_TOKEN_SECRET, optional=True,
+                                         secret_key_to_env={"ASYNCRL_SANDBOX_TOKEN": "ASYNCRL_SANDBOX_TOKEN"})

@@ -43,6 +43,19 @@ def resolve_config(config_yaml: str, overrides: list[str], run_id: str) -> RunCo
         return load_config(path, [*overrides, f"run_id={run_id}"])
 
 
+def check_tool_sandbox(cfg: RunConfig) -> None:
+    """On a cluster, model-written code runs in the sandbox pool (manifests/sandbox/), never in the environment pod
+    (which holds the run's S3 keys and role token, and whose default seccomp profile refuses user namespaces):
+    a tool-use task that may run Python must name the pool in `env.params.sandbox_url`. ConfigError otherwise."""
+    if cfg.env is None or cfg.env.name != "tool_use":
+        return
+    if cfg.env.params.get("allow_python", True) and not cfg.env.params.get("sandbox_url"):
+        raise ConfigError(
+            "env.params.sandbox_url: expected the tool sandbox service's URL for env tool_use on a cluster (for "
+            "example http://asyncrl-sandbox.asyncrl-sandbox.svc.cluster.local:8080, manifests/sandbox/), or "
+            "env.params.allow_python: false; tools are not run inside the environment pod")
+
+
 def role_count_overrides(generation_ids_json: str, environment_ids_json: str) -> list[str]:
     """generation ids "0".."N-1" -> generation.num_servers=N; environment ids "env0".."envM-1" ->
     rollout.num_writers=M (the ids the pipeline's replicas use, so every role finds its peers)."""
@@ -148,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     try:
         cfg = resolve_config(args.config_yaml, overrides, run_id)
+        check_tool_sandbox(cfg)
     except ConfigError as err:
         print(f"setup: {err}", file=sys.stderr)
         sys.exit(2)

@@ -132,3 +132,12 @@ def test_a_runs_logged_params_hold_no_secret(tmp_path: Path, monkeypatch: pytest
     for secret in (run.role_token, s3_key, s3_secret, "user-put-a-key-here", "user-put-a-token-here"):
         assert secret not in text
     assert run.role_token not in run.cfg.model_dump_json()  # it travels in the roles' environment only
+
+
+def test_only_the_environment_tasks_get_the_sandbox_token() -> None:
+    """The tool sandbox pool's token goes to the tasks that call the pool, and to no other (manifests/sandbox/)."""
+    _, platform = _docs()
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    holders = {ex["podMetadata"]["labels"]["asyncrl/role"] for ex in executors.values()
+               if any(s.get("secretName") == "asyncrl-sandbox-token" for s in ex.get("secretAsEnv", []))}
+    assert holders == {"environment"}
