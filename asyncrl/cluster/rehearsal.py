@@ -39,7 +39,7 @@ from asyncrl.cluster.rehearsal_params import (
 )
 
 __all__ = ["JobContext", "PendingOutput", "RehearsalError", "RehearsalTask", "load_compiled", "param_text",
-           "parse_output", "rehearse", "resolve_parameters", "task_commands"]
+           "parse_output", "resolve_parameters", "task_commands"]
 
 EXIT_STRATEGY = "ALL_UPSTREAM_TASKS_COMPLETED"
 _PLACEHOLDER = re.compile(r"\{\{\$(?P<path>[^{}]*)\}\}")
@@ -343,10 +343,3 @@ def task_commands(spec: dict[str, Any], platform: dict[str, Any], params: Mappin
                      config_maps=config_maps or {}, outputs=outputs or {}, defer_outputs=defer_outputs)
     walker = _Walker(spec, platform, job)
     return walker.dag(spec["root"]["dag"], dict(params), (), "", None, False)
-
-
-def rehearse(*args: Any, **kwargs: Any) -> Any:
-    """See `asyncrl.cluster.rehearsal_runner.rehearse` (processes live there; this module stays pure)."""
-    from asyncrl.cluster.rehearsal_runner import rehearse as run
-
-    return run(*args, **kwargs)

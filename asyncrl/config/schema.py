@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from asyncrl.envs.injection import EnvInjectionConfig  # the environments own their injection settings
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -100,19 +102,6 @@ class TaskConfig(_Section):
         return 1 + 2 * len(str(self.max_operand)) + 2
 
 
-class EnvInjectionConfig(_Section):
-    """Faults and latency injected into every environment step (benchmarks and fault tests)."""
-
-    latency_mean_s: float = Field(0.0, ge=0, le=3600, description="Mean injected latency of a step (lognormal).")
-    latency_std_s: float = Field(0.0, ge=0, le=3600, description="Its standard deviation (0: every step waits the mean).")
-    slowdown_rate: float = Field(0.0, ge=0, le=1, description="Share of steps slowed down by slowdown_factor.")
-    slowdown_factor: float = Field(10.0, ge=1, le=1000)
-    failure_rate: float = Field(0.0, ge=0, le=1, description="Share of steps that raise.")
-    garbage_rate: float = Field(0.0, ge=0, le=1, description="Share of steps that return a malformed result.")
-    hang_rate: float = Field(0.0, ge=0, le=1, description="Share of steps that never return (blocking the worker).")
-    seed: int = 0
-
-
 class EnvConfig(_Section):
     """An agentic task: a registered environment driven over several turns (see asyncrl.envs)."""
 
@@ -148,7 +137,7 @@ class LengthTailConfig(_Section):
 
 
 class RolloutConfig(_Section):
-    """What the environment role admits and how it samples and schedules (ALGORITHMS.md §1)."""
+    """What the environment role admits and how it samples and schedules (docs/algorithms.md §1)."""
 
     mode: Literal["async", "sync"] = Field(
         "async", description="sync: the synchronous baseline (generate a full batch with the current weights, train, "
@@ -216,7 +205,7 @@ LossName = Literal["ppo", "decoupled_ppo", "tis", "cispo", "topr"]
 
 
 class CriticConfig(_Section):
-    """The value model(s) of `training.advantage: gae` (ALGORITHMS.md §2, §4): a causal LM with a scalar head,
+    """The value model(s) of `training.advantage: gae` (docs/algorithms.md §2, §4): a causal LM with a scalar head,
     trained with MSE to the GAE returns, with its own optimizer; checkpointed with the actor."""
 
     model_path: str = Field("", description="Critic model folder (a causal LM). Empty: the actor's model.")
@@ -230,7 +219,7 @@ class CriticConfig(_Section):
 
 
 class AsyPPOConfig(_Section):
-    """AsyPPO (ALGORITHMS.md §4): M mini-critics on disjoint shares of each group; their mean value feeds GAE, their
+    """AsyPPO (docs/algorithms.md §4): M mini-critics on disjoint shares of each group; their mean value feeds GAE, their
     disagreement masks advantages and filters the entropy bonus."""
 
     num_critics: int = Field(2, ge=2, le=8, description="M mini-critics.")
@@ -242,7 +231,7 @@ class AsyPPOConfig(_Section):
 
 
 class AttentionCreditConfig(_Section):
-    """Attention-guided credit (ALGORITHMS.md §5): scale each token's advantage by γ_t from the policy's own
+    """Attention-guided credit (docs/algorithms.md §5): scale each token's advantage by γ_t from the policy's own
     attention (preplan tokens by WAAD jumps, anchor tokens by future attention influence)."""
 
     scaling: Literal["local", "global", "coupled"] = Field("coupled", description="Which tokens are amplified.")
@@ -276,7 +265,7 @@ class TrainingConfig(_Section):
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
     num_processes: int = Field(1, ge=1, le=64, description="Data-parallel training ranks (one per GPU of the "
                                "training pod; CPU processes here), started by torchrun; rank 0 leads.")
-    loss: LossName = Field("decoupled_ppo", description="Policy loss, ALGORITHMS.md §3.")
+    loss: LossName = Field("decoupled_ppo", description="Policy loss, docs/algorithms.md §3.")
     clip_low: float = Field(0.2, ge=0, lt=1)
     clip_high: float = Field(0.2, ge=0)
     dual_clip: float | None = Field(None, gt=1)
@@ -290,7 +279,7 @@ class TrainingConfig(_Section):
     topr_neg_weight: float = Field(1.0, ge=0)
     norm_std: bool = Field(True, description="GRPO std normalisation; false gives Dr.GRPO.")
     advantage: Literal["grpo", "gae"] = Field("grpo", description="Advantage estimator: group-normalised rewards, "
-                                              "or GAE on a critic's values (ALGORITHMS.md §2).")
+                                              "or GAE on a critic's values (docs/algorithms.md §2).")
     gamma: float = Field(1.0, ge=0, le=1, description="GAE discount γ.")
     lam: float = Field(0.95, ge=0, le=1, description="GAE λ.")
     critic: CriticConfig = CriticConfig()

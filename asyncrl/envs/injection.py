@@ -31,12 +31,11 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from asyncrl.envs.base import Environment, StepResult
-
-if TYPE_CHECKING:
-    from asyncrl.config.schema import EnvInjectionConfig
 
 Fault = Literal["fail", "garbage", "hang"]
 GARBAGE_KINDS = ("nan_reward", "none_reward", "dict")
@@ -67,6 +66,22 @@ def call_seed(seed: int, key: int, index: int) -> int:
     digest = hashlib.blake2b(f"{seed}:{key}:{index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
 
+
+
+class EnvInjectionConfig(BaseModel):
+    """Faults and latency injected into every environment step (benchmarks and fault tests); the `env.injection`
+    section of the run's config (`asyncrl.config.schema` uses this class)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    latency_mean_s: float = Field(0.0, ge=0, le=3600, description="Mean injected latency of a step (lognormal).")
+    latency_std_s: float = Field(0.0, ge=0, le=3600, description="Its standard deviation (0: every step waits the mean).")
+    slowdown_rate: float = Field(0.0, ge=0, le=1, description="Share of steps slowed down by slowdown_factor.")
+    slowdown_factor: float = Field(10.0, ge=1, le=1000)
+    failure_rate: float = Field(0.0, ge=0, le=1, description="Share of steps that raise.")
+    garbage_rate: float = Field(0.0, ge=0, le=1, description="Share of steps that return a malformed result.")
+    hang_rate: float = Field(0.0, ge=0, le=1, description="Share of steps that never return (blocking the worker).")
+    seed: int = 0
 
 @dataclass(frozen=True)
 class Draw:

@@ -30,11 +30,11 @@ import time
 from typing import IO, TYPE_CHECKING, Any
 
 from asyncrl.envs.base import StepResult
-from asyncrl.envs.execution import EnvExecutor, EnvFault, EnvHandle, within_deadline
+from asyncrl.envs.handle import EnvFault, EnvHandle, HandleOwner, within_deadline
 from asyncrl.secret_names import without_secrets
 
 if TYPE_CHECKING:
-    from asyncrl.config.schema import EnvInjectionConfig
+    from asyncrl.envs.injection import EnvInjectionConfig  # pydantic: imported at run time only when needed
 
 log = logging.getLogger(__name__)
 _PARENT_POLL_S = 1.0
@@ -46,7 +46,7 @@ _CLOSE_TIMEOUT_S = 5.0
 class ProcessHandle(EnvHandle):
     """Parent side: an `EnvHandle` whose environment lives in a worker process (see the module docstring)."""
 
-    def __init__(self, executor: EnvExecutor, name: str, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, executor: HandleOwner, name: str, proc: asyncio.subprocess.Process) -> None:
         super().__init__(executor, name)
         self.proc, self.pid = proc, proc.pid
         self._killed = False
@@ -129,7 +129,7 @@ class ProcessHandle(EnvHandle):
         await self._kill()
 
 
-async def open_process(executor: EnvExecutor, name: str, params: dict[str, Any],
+async def open_process(executor: HandleOwner, name: str, params: dict[str, Any],
                        injection: EnvInjectionConfig | None, injection_key: int) -> ProcessHandle:
     """Start a worker for `executor` and create environment `name` in it (killed again if that fails)."""
     proc = await asyncio.create_subprocess_exec(
@@ -202,7 +202,7 @@ class _Session:
             env = make(name, **params)
             injection = req.get("injection")
             if injection is not None:
-                from asyncrl.config.schema import EnvInjectionConfig  # pydantic: imported only when needed
+                from asyncrl.envs.injection import EnvInjectionConfig  # pydantic: imported only when needed
 
                 cfg = EnvInjectionConfig.model_validate(injection)
                 env = InjectedEnvironment(env, cfg, int(req.get("injection_key") or 0), blocking_hang=True)

@@ -1,6 +1,6 @@
 """HTTP server of the generation role: FastAPI around `GenerationEngine`, plus `serve()` / `main()`.
 
-Routes (DESIGN.md "Generation API" and "Weight sync"):
+Routes (the contract in docs/generation_api.md):
 - `POST /generate` GenerateRequest → {request_id, token_ids, logprobs, token_versions, finish_reason, start_version}
 - `POST /abort` {request_id} → {request_id, aborted}
 - `POST /generate_batch` {requests: [GenerateRequest, ...]} (distinct ids, at most `MAX_BATCH_REQUESTS`) → an NDJSON

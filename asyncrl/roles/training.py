@@ -2,7 +2,7 @@
 
 One training step k (version k → k+1):
 1. wait: take groups per writer in sequence order (per-writer cursors) until B fresh groups are in hand; a group
-   with start_version < k − α (judged when taken) is dropped and counted (ALGORITHMS.md §1), never trained on. A
+   with start_version < k − α (judged when taken) is dropped and counted (docs/algorithms.md §1), never trained on. A
    background thread reads ahead (`asyncrl.transport.group_prefetch`): up to B groups, during the other phases too;
    a group only read ahead is not consumed: neither in the published `consumed` counts nor in checkpoint cursors;
 2. train (`Learner`): GRPO advantages, or GAE on the critics' values (AsyPPO: mini-critics and their masks), the

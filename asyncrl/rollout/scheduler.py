@@ -15,7 +15,7 @@ Terms (one writer; W = prompts_per_step of this writer, α = async ratio, n = gr
   `trained` (groups trained in completed steps) and `emitted_unconsumed` (written, not yet read by the trainer)
   occupy slots.
 
-Admission (`can_admit`), ALGORITHMS.md §1 plus redundancy (G = extra_groups):
+Admission (`can_admit`), docs/algorithms.md §1 plus redundancy (G = extra_groups):
 - a slot through step version+α must still be free: trained + emitted_unconsumed < (version + α + 1)·W, so no
   sample is started that could not be trained on;
 - at most (α + 1)·W + G groups live or written-and-unconsumed (admitted and not yet consumed), and at most

@@ -15,13 +15,31 @@ server (re-sent elsewhere, `RolloutScheduler.request_lost`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from asyncrl.rollout.scheduler import RolloutScheduler
+from asyncrl.sim.config import SimConfig
+from asyncrl.sim.cost_model import CostModel
+from asyncrl.sim.server import SimServer
 from asyncrl.sim.theory import async_step_bound, best_train_share, max_speedup
+from asyncrl.sim.trainer import SimTrainer
 
-if TYPE_CHECKING:
-    from asyncrl.sim.simulator import Simulator
+
+class FinishedRun(Protocol):
+    """What `build_result` reads of a finished simulation (`asyncrl.sim.simulator.Simulator`)."""
+
+    now: float
+    cfg: SimConfig
+    cost: CostModel
+    sched: RolloutScheduler
+    servers: Sequence[SimServer]
+    trainer: SimTrainer
+    train_gpus: int
+    window: dict[str, float]
+    latencies: list[float]
+    failed_requests: int
 
 __all__ = ["SimResult", "build_result", "format_table"]
 
@@ -74,7 +92,7 @@ class SimResult:
         return d
 
 
-def build_result(sim: Simulator) -> SimResult:
+def build_result(sim: FinishedRun) -> SimResult:
     cfg, cost, s, tr = sim.cfg, sim.cost, sim.sched.stats, sim.trainer
     w0 = sim.window
     measured = tr.step_samples[cfg.warmup_steps:]

@@ -1,4 +1,4 @@
-"""ALGORITHMS.md §6: the throughput bounds of queue-scheduled asynchronous rollout, as pure functions.
+"""docs/algorithms.md §6: the throughput bounds of queue-scheduled asynchronous rollout, as pure functions.
 
 K inference workers, N samples per step, μ_gen mean and L_gen longest generation time per sample, μ_train
 training time per sample, E epochs, α async ratio (times in worker-seconds: what one worker spends per sample).

@@ -18,14 +18,30 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from asyncrl.rollout.decisions import Decision
+from asyncrl.rollout.scheduler import RolloutScheduler
+from asyncrl.sim.config import SimConfig
+from asyncrl.sim.cost_model import CostModel
 from asyncrl.sim.overheads import PollSchedule, notice_time, object_seconds, padded_tokens
 
-if TYPE_CHECKING:
-    from asyncrl.sim.simulator import Simulator
 
-__all__ = ["Emitted", "SimTrainer"]
+class SimClock(Protocol):
+    """What the simulated trainer needs of the simulator that drives it (`asyncrl.sim.simulator.Simulator`)."""
+
+    now: float
+    cfg: SimConfig
+    cost: CostModel
+    sched: RolloutScheduler
+    train_gpus: int
+
+    def push(self, t: float, ev: tuple) -> None: ...
+    def pause_all(self, until: float) -> None: ...
+    def apply(self, decisions: list[Decision]) -> None: ...
+    def step_ended(self) -> None: ...
+
+__all__ = ["Emitted", "SimClock", "SimTrainer"]
 
 MAX_GROUPS_PER_OBJECT = 64  # the environment role's MAX_GROUPS_PER_OBJECT
 
@@ -42,7 +58,7 @@ class Emitted:
 class SimTrainer:
     """The trainer, its prefetch buffer and the group writer of one simulation (see the module docstring)."""
 
-    def __init__(self, sim: Simulator) -> None:
+    def __init__(self, sim: SimClock) -> None:
         self.sim, self.cfg, self.cost = sim, sim.cfg, sim.cost
         self.queue: deque[Emitted] = deque()  # the prefetch buffer (groups read, not taken)
         self.batch: list[Emitted] = []

@@ -1,4 +1,4 @@
-"""Advantage estimators (ALGORITHMS.md §2): GRPO group normalisation and GAE. Pure torch, no I/O.
+"""Advantage estimators (docs/algorithms.md §2): GRPO group normalisation and GAE. Pure torch, no I/O.
 
 Invariants:
 - `grpo_advantages` returns one advantage per sample of a group; a group of one sample gets 0

@@ -1,4 +1,4 @@
-"""AsyPPO's critic-side bookkeeping (ALGORITHMS.md §4). Pure torch, no I/O.
+"""AsyPPO's critic-side bookkeeping (docs/algorithms.md §4). Pure torch, no I/O.
 
 Owns two things:
 - `disagreement_masks`: from the values of M ≥ 2 critics, the advantage mask (drop the tokens where the

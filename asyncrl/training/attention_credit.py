@@ -1,4 +1,4 @@
-"""Attention-guided credit assignment (ALGORITHMS.md §5): pure tensor math, no I/O.
+"""Attention-guided credit assignment (docs/algorithms.md §5): pure tensor math, no I/O.
 
 Owns: WAAD (windowed average attention distance) and FAI (future attention influence) from banded
 attention, head classification by attention span, preplan/anchor token selection, locally dominated

@@ -1,4 +1,4 @@
-"""Attention-guided credit for a right-padded batch (ALGORITHMS.md §5): γ [S, T], vectorised over samples.
+"""Attention-guided credit for a right-padded batch (docs/algorithms.md §5): γ [S, T], vectorised over samples.
 
 Owns `batch_credit_scale` (re-exported by `asyncrl.training.attention_credit`, whose per-sample functions
 define the math) and the `MODES` / floor-guard constants both modules share. Pure tensor math, no I/O.

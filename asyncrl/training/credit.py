@@ -1,7 +1,7 @@
 """Attention-guided credit in the trainer: capture the attention of the training forward, rescale advantages.
 
 Owns the glue between `AttentionCreditConfig`, `attention_capture.AttentionCapture` (banded attention of the
-chosen layers) and `attention_credit.batch_credit_scale` (γ_t of ALGORITHMS.md §5).
+chosen layers) and `attention_credit.batch_credit_scale` (γ_t of docs/algorithms.md §5).
 
 Which weights compute the attention: the trainer's current weights (the proximal policy π_prox of this step),
 inside the actor's own forward pass of each micro batch, not the behaviour policy that sampled the tokens.

@@ -1,6 +1,6 @@
 """One training step of the configured algorithm: advantages, critics, AsyPPO masks, the actor update.
 
-Owns the order of work within a step (ALGORITHMS.md §2–§5), on one `TrainBatch` whose advantages hold the
+Owns the order of work within a step (docs/algorithms.md §2–§5), on one `TrainBatch` whose advantages hold the
 GRPO advantages that `build_batch` computed:
 1. `advantage: gae`: every critic scores every response token (values before this step's update), GAE on the
    mean value V̄ with the outcome reward on the last trained-on token replaces the advantages;

@@ -1,4 +1,4 @@
-"""Per-token policy losses and their aggregation (ALGORITHMS.md §3). Pure torch, no I/O.
+"""Per-token policy losses and their aggregation (docs/algorithms.md §3). Pure torch, no I/O.
 
 Notation (all tensors [S, T], label-aligned as in `TrainBatch`): `logp` = log π_θ (with grad),
 `prox` = log π_prox (no grad), `behav` = log π_behav (the engine's log-probs), `adv` = advantage,
@@ -155,7 +155,7 @@ def aggregate(token_loss: Tensor, mask: Tensor, mode: str, denom: float | None =
     raise ValueError(f"training.aggregation: expected 'seq-mean-token-mean' or 'token-mean', got {mode!r}")
 
 
-# The knobs of each variant, by their ALGORITHMS.md names, with their defaults.
+# The knobs of each variant, by their docs/algorithms.md names, with their defaults.
 LOSS_PARAMS: dict[str, dict[str, object]] = {
     "ppo": {"clip_low": 0.2, "clip_high": 0.2, "dual_clip": None},
     "decoupled_ppo": {"clip_low": 0.2, "clip_high": 0.2, "dual_clip": None, "w_max": 2.0, "w_mask": None},
@@ -166,7 +166,7 @@ LOSS_PARAMS: dict[str, dict[str, object]] = {
 
 
 def loss_params(cfg: TrainingConfig) -> dict[str, object]:
-    """The knobs of `cfg.loss` from the run config, by their ALGORITHMS.md names."""
+    """The knobs of `cfg.loss` from the run config, by their docs/algorithms.md names."""
     every = {
         "clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "dual_clip": cfg.dual_clip, "w_max": cfg.w_max,
         "w_mask": cfg.w_mask, "tis_cap": cfg.tis_cap, "eps_low": cfg.cispo_eps_low, "eps_high": cfg.cispo_eps_high,
@@ -226,9 +226,9 @@ def per_token_loss(
     """ℓ_t of the policy loss `variant` for every token, 0 where `mask` is 0, before aggregation (public API).
 
     `logp` carries the gradient; `prox_logp`, `behav_logp` and `advantages` are detached here, and every importance
-    weight is a stop-gradient, so gradients flow only through the `logp` (and r) terms of ALGORITHMS.md §3.
+    weight is a stop-gradient, so gradients flow only through the `logp` (and r) terms of docs/algorithms.md §3.
     `rewards` is the sample's reward broadcast to its tokens (same shape as `logp`; topr splits on reward > 0,
-    required for topr). `params` are the variant's knobs by their ALGORITHMS.md names (`LOSS_PARAMS`); an unknown
+    required for topr). `params` are the variant's knobs by their docs/algorithms.md names (`LOSS_PARAMS`); an unknown
     name is an error. Masked positions may hold anything (inf, nan): they never reach the loss or its gradient.
     """
     if variant == "topr" and rewards is None:

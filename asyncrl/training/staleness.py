@@ -1,4 +1,4 @@
-"""Bounded staleness on the trainer side (ALGORITHMS.md §1). Pure, no I/O.
+"""Bounded staleness on the trainer side (docs/algorithms.md §1). Pure, no I/O.
 
 Training step k (producing version k+1 from version k) may use a sample only if its
 `start_version >= k − α`. A group is judged by its oldest sample (`Group.start_version`): a group is

@@ -1,4 +1,5 @@
-"""The S3 key layout of one run (DESIGN.md "S3 layout"); pure string logic, no I/O.
+"""The S3 key layout of one run (the layout below is the contract every role relies on; docs/architecture.md); pure
+string logic, no I/O.
 
 Under `<prefix>/<run_id>/` (prefix may be empty):
     config.json

@@ -1,4 +1,4 @@
-"""GRPO and GAE advantages against hand-computed numbers (ALGORITHMS.md §2)."""
+"""GRPO and GAE advantages against hand-computed numbers (docs/algorithms.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""AsyPPO masks and critic ownership: exact hand-computed cases (ALGORITHMS.md §4)."""
+"""AsyPPO masks and critic ownership: exact hand-computed cases (docs/algorithms.md §4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Exact, hand-computed checks of asyncrl.training.attention_credit (ALGORITHMS.md §5)."""
+"""Exact, hand-computed checks of asyncrl.training.attention_credit (docs/algorithms.md §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Policy losses against hand-computed numbers on 2-3 tokens (ALGORITHMS.md §3)."""
+"""Policy losses against hand-computed numbers on 2-3 tokens (docs/algorithms.md §3)."""
 
 from __future__ import annotations
 

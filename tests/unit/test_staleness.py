@@ -1,4 +1,4 @@
-"""Bounded staleness on the trainer side (ALGORITHMS.md §1), exact."""
+"""Bounded staleness on the trainer side (docs/algorithms.md §1), exact."""
 
 from __future__ import annotations
 
