@@ -10,7 +10,8 @@ One training step k (version k → k+1):
    (DeepSpeed; attention credit rescales advantages inside it);
 3. sync: broadcast the new weights in buckets to the generation servers of the weight group (they pause, load,
    resume); a lost server leaves the group and a restarted one joins it (`asyncrl.roles.weight_group`);
-4. publish `versions/latest.json` (version, per-writer consumed counts, checksum, metrics), log to MLflow, and
+4. publish `versions/latest.json` (version, per-writer consumed counts, the weights' checksum at checkpoints and
+   the last step, metrics), log to MLflow, and
    every `checkpoint_every` steps write a checkpoint (model, optimizer, cursors; `COMMITTED` last).
 On start it resumes from the newest committed checkpoint, if any. At the end it writes the run's `done` marker.
 
@@ -212,11 +213,14 @@ class TrainingRunner:
                     by_writer[writer] = by_writer.get(writer, 0) + 1
         return kept, dropped, by_writer
 
-    def push(self, weights: list[tuple[str, torch.Tensor]]) -> None:
-        self.checksum = self.weights.push(self.version, weights)
+    def push(self, weights: list[tuple[str, torch.Tensor]], checksum: bool = True) -> None:
+        self.checksum = self.weights.push(self.version, weights, checksum=checksum)
 
     def sync_weights(self) -> dict[str, float]:
-        self.push(self.policy.named_weights())  # collective under ZeRO-3: the followers gather too
+        # collective under ZeRO-3: the followers gather too. The checksum (published in versions/latest.json) only
+        # where it is compared: at checkpoints and the last step (the launcher compares the servers' with it);
+        # elsewhere {} (on a GPU it would copy every weight to the host at every step)
+        self.push(self.policy.named_weights(), checksum=self.checkpoint_due(self.version))
         return self.checksum
 
     def checkpoint_due(self, version: int) -> bool:

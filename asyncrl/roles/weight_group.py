@@ -100,9 +100,10 @@ class WeightGroup:
                                    master_addr=self.ctx.advertise_host)
         self._form(docs)
 
-    def push(self, version: int, weights: list[tuple[str, torch.Tensor]]) -> dict[str, float]:
+    def push(self, version: int, weights: list[tuple[str, torch.Tensor]], checksum: bool = True) -> dict[str, float]:
         """Send `weights` as `version` to the servers that are alive (re-forming the group first when a server came
-        back or the last push failed); returns the weights' checksum."""
+        back or the last push failed); returns the weights' checksum, or {} without `checksum` (on a GPU it copies
+        every weight to the host: compute it only where it is compared)."""
         assert self.sender is not None, "connect() first"
         if not self.sender.connected:
             self._reform_with_live_servers()
@@ -112,9 +113,10 @@ class WeightGroup:
             if docs and {self._key(d) for d in docs} != {self._key(d) for d in self.members}:
                 self._form(docs)
         # the checksum is computed while the servers receive (the weights do not change during a push)
-        checksum: dict[str, float] = {}
-        summing = threading.Thread(target=lambda: checksum.update(weights_checksum(weights)), name="weights-checksum")
-        summing.start()
+        summed: dict[str, float] = {}
+        summing = threading.Thread(target=lambda: summed.update(weights_checksum(weights)), name="weights-checksum")
+        if checksum:
+            summing.start()
         try:
             self.sender.push(version, weights)
         except WeightSyncError as err:
@@ -124,8 +126,9 @@ class WeightGroup:
             self._reform_with_live_servers()
             self.sender.push(version, weights)
         finally:
-            summing.join()
-        return checksum
+            if checksum:
+                summing.join()
+        return summed
 
     def metrics(self) -> dict[str, float]:
         epoch = self.sender.epoch if self.sender else 0
