@@ -24,7 +24,7 @@ import weakref
 from typing import Any
 
 from asyncrl.envs.base import EpisodeOver, StepResult, register
-from asyncrl.sandbox.client import RemoteSandbox
+from asyncrl.sandbox.client import RemoteSandbox, check_sandbox_url
 from asyncrl.sandbox.host import sandbox_host
 from asyncrl.sandbox.runner import SandboxResult, run_python
 
@@ -106,9 +106,7 @@ class ToolUse:
             raise ValueError(f"max_operand: expected >= 2, got {max_operand}")
         self.max_operand, self.max_turns, self.allow_python = max_operand, max_turns, allow_python
         self.python_timeout_s, self.format_penalty = python_timeout_s, format_penalty
-        self.sandbox_url = sandbox_url
-        if sandbox_url is not None and not sandbox_url.startswith(("http://", "https://")):
-            raise ValueError(f"sandbox_url: expected an http:// or https:// URL, got {sandbox_url!r}")
+        self.sandbox_url = sandbox_url if sandbox_url is None else check_sandbox_url(sandbox_url)
         if allow_python and not sandbox_url:
             sandbox_host()  # refuse to start (SandboxUnavailable, saying what is missing) where tools cannot be isolated
         self.answer: int | None = None

@@ -114,8 +114,9 @@ class WeightGroup:
                 self._form(docs)
         # the checksum is computed while the servers receive (the weights do not change during a push)
         summed: dict[str, float] = {}
-        summing = threading.Thread(target=lambda: summed.update(weights_checksum(weights)), name="weights-checksum")
-        if checksum:
+        summing = threading.Thread(target=lambda: summed.update(weights_checksum(weights)),
+                                   name="weights-checksum") if checksum else None
+        if summing is not None:
             summing.start()
         try:
             self.sender.push(version, weights)
@@ -126,7 +127,7 @@ class WeightGroup:
             self._reform_with_live_servers()
             self.sender.push(version, weights)
         finally:
-            if checksum:
+            if summing is not None:
                 summing.join()
         return summed
 

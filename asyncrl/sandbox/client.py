@@ -18,6 +18,13 @@ from asyncrl.transport.auth import SANDBOX_TOKEN_ENV, auth_headers
 SLACK_S = 5.0
 
 
+def check_sandbox_url(url: str) -> str:
+    """`url` if it is an http(s) URL, else ValueError naming the `sandbox_url` field."""
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"sandbox_url: expected an http:// or https:// URL, got {url!r}")
+    return url
+
+
 class SandboxServiceError(RuntimeError):
     """The sandbox service did not answer, or answered with an error or something that is not the protocol."""
 
@@ -25,9 +32,7 @@ class SandboxServiceError(RuntimeError):
 class RemoteSandbox:
     def __init__(self, url: str, token: str | None = None, queue_s: float = 30.0,
                  client: httpx.AsyncClient | None = None) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"sandbox_url: expected an http:// or https:// URL, got {url!r}")
-        self.url, self.queue_s = url.rstrip("/"), queue_s
+        self.url, self.queue_s = check_sandbox_url(url).rstrip("/"), queue_s
         self._headers = auth_headers(token, var=SANDBOX_TOKEN_ENV)
         self._client = client or httpx.AsyncClient()
 

@@ -84,15 +84,19 @@ def _arch_prologue() -> list[bytes]:
     ]
 
 
+def _deny(numbers: set[int]) -> list[bytes]:
+    """EPERM for each syscall number of `numbers` (the number is loaded); falls through otherwise."""
+    prog: list[bytes] = []
+    for nr in sorted(numbers):
+        prog += [_insn(_JEQ_K, 0, 1, nr), _insn(_RET_K, 0, 0, RET_ERRNO | errno.EPERM)]
+    return prog
+
+
 def build_deny_filter(numbers: set[int], machine: str | None = None) -> bytes:
     """A plain deny list: the x86_64 calls `numbers` fail with EPERM, every other call is allowed (other ABIs are
     killed). `asyncrl.sandbox.pod_profile` compiles the sandbox pods' profile with it, to test it here."""
     _check_machine(machine)
-    prog = _arch_prologue()
-    for nr in sorted(numbers):
-        prog += [_insn(_JEQ_K, 0, 1, nr), _insn(_RET_K, 0, 0, RET_ERRNO | errno.EPERM)]
-    prog.append(_insn(_RET_K, 0, 0, RET_ALLOW))
-    return b"".join(prog)
+    return b"".join([*_arch_prologue(), *_deny(numbers), _insn(_RET_K, 0, 0, RET_ALLOW)])
 
 
 def build_filter(machine: str | None = None) -> bytes:
@@ -104,8 +108,7 @@ def build_filter(machine: str | None = None) -> bytes:
         _insn(_JEQ_K, 0, 1, X86_64_CLONE3),
         _insn(_RET_K, 0, 0, RET_ERRNO | errno.ENOSYS),
     ]
-    for nr in sorted(set(X86_64_DENIED.values())):
-        prog += [_insn(_JEQ_K, 0, 1, nr), _insn(_RET_K, 0, 0, eperm)]
+    prog += _deny(set(X86_64_DENIED.values()))
     prog += [
         _insn(_JEQ_K, 0, 4, X86_64_CLONE),
         _insn(_LD_W_ABS, 0, 0, 16),  # low half of args[0]: the clone flags

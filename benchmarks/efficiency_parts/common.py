@@ -93,3 +93,17 @@ def write_result(out: Path, result: dict[str, Any]) -> None:
 
 def mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
+
+
+def cpu_seconds(procs: list[Any]) -> float:
+    """User + system CPU seconds of the psutil processes `procs` (one that is gone counts 0)."""
+    import psutil
+
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from efficiency_parts.common import ROOT, part_args, write_result
+from efficiency_parts.common import ROOT, cpu_seconds, part_args, write_result
 
 
 def engine_settings(cfg: Any, model: str) -> Any:
@@ -86,15 +86,8 @@ def cpu_of_tree() -> float:
     """User + system CPU seconds of this process and its live descendants (the engine core)."""
     import psutil
 
-    total = 0.0
     me = psutil.Process()
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
+    return cpu_seconds([me, *me.children(recursive=True)])
 
 
 def main() -> None:

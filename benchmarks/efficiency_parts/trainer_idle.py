@@ -24,21 +24,10 @@ from typing import Any
 
 import psutil
 
-from efficiency_parts.common import ROOT, log
+from efficiency_parts.common import ROOT, cpu_seconds, log
 from efficiency_parts.e2e import TreeSampler, read_launcher
 
 TARGET_SHARE = 0.05
-
-
-def _cpu(procs: list[psutil.Process]) -> float:
-    total = 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
 
 
 def run_trainer_idle(config: str, overrides: list[str], runs_dir: Path, run_id: str, after_step: int = 3,
@@ -76,9 +65,9 @@ def run_trainer_idle(config: str, overrides: list[str], runs_dir: Path, run_id: 
             p.send_signal(signal.SIGSTOP)
             stopped.append(p)
         time.sleep(settle_s)
-        c0, t0 = _cpu(trainer), time.monotonic()
+        c0, t0 = cpu_seconds(trainer), time.monotonic()
         time.sleep(measure_s)
-        c1, t1 = _cpu(trainer), time.monotonic()
+        c1, t1 = cpu_seconds(trainer), time.monotonic()
         share = (c1 - c0) / (t1 - t0)
         log(f"trainer idle: {share:.3f} of a core over {t1 - t0:.1f} s ({len(trainer)} processes)")
         return {"cpu_share": share, "window_s": t1 - t0, "cpu_s": c1 - c0, "trainer_processes": len(trainer),
