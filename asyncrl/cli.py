@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     cfg = _load(args)
     if args.command in ("run", "build-model") and cfg.model.path and not cfg.model.path.startswith("s3://"):
-        from asyncrl.models.tiny import ModelFolderError, check_model_folder
+        from asyncrl.models.folder import ModelFolderError, check_model_folder
 
         try:  # before anything starts: a model folder missing files is a config error, not a crash
             check_model_folder(Path(cfg.model.path))
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(cfg.model_dump(mode="json"), indent=2))
         return
     if args.command == "build-model":
-        from asyncrl.models.tiny import resolve_model_path
+        from asyncrl.tiny_model.prepare import resolve_model_path
 
         print(resolve_model_path(cfg))
         return

@@ -28,7 +28,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from asyncrl.config.schema import AttentionCreditConfig, RunConfig, TrainingConfig
-from asyncrl.models.tiny import resolve_model_path
+from asyncrl.tiny_model.prepare import resolve_model_path
 from asyncrl.training.batch import build_batch
 from asyncrl.training.policy import PolicyTrainer
 from asyncrl.types import Group, Sample

@@ -146,9 +146,9 @@ async def _default_lengths(engine: Any) -> dict[str, Any]:
     """Response lengths of the default job's prompts (max 6 tokens, EOS ends), with the built-in model."""
     from asyncrl.config import load_config
     from asyncrl.generation.engine import GenerateParams
-    from asyncrl.models.tiny import resolve_model_path
     from asyncrl.models.tokenizer import encode_prompt, load_tokenizer
     from asyncrl.tasks.datasets import load_split
+    from asyncrl.tiny_model.prepare import resolve_model_path
 
     cfg = load_config(str(ROOT / "configs/default.yaml"), [])
     tok = load_tokenizer(resolve_model_path(cfg))
@@ -316,7 +316,7 @@ def main() -> None:
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache/torch_extensions"))
     os.environ.setdefault("DS_BUILD_OPS", "0")
     from asyncrl.config import load_config
-    from asyncrl.models.tiny import resolve_model_path
+    from asyncrl.tiny_model.prepare import resolve_model_path
 
     model = str(resolve_model_path(load_config(str(ROOT / "configs/bench_longtail.yaml"), [])))
     old = json.loads(Path(args.out).read_text()) if args.merge and Path(args.out).exists() else {}

@@ -51,8 +51,8 @@ from asyncrl.config import load_config  # noqa: E402
 from asyncrl.local.launcher import EmbeddedRun  # noqa: E402
 from asyncrl.local.processes import ProcessGroup  # noqa: E402
 from asyncrl.local.seaweed import EmbeddedS3, find_weed  # noqa: E402
-from asyncrl.models.tiny import resolve_model_path  # noqa: E402
 from asyncrl.roles.context import wait_for_rendezvous  # noqa: E402
+from asyncrl.tiny_model.prepare import model_document_for, resolve_model_path  # noqa: E402
 from asyncrl.transport.s3 import S3Store  # noqa: E402
 
 SIZES = {"256": 32, "5000": 625}  # samples per step -> prompts per step (8 samples each)
@@ -157,7 +157,7 @@ def run_size(size: str, args: argparse.Namespace, runs_dir: Path) -> dict[str, A
                  f"cache_dir={ROOT / '.cache/asyncrl'}", f"run_id=cp{size}-{time.strftime('%Y%m%d-%H%M%S')}",
                  *args.set]
     cfg = load_config(ROOT / "configs/default.yaml", overrides)
-    resolve_model_path(cfg)  # build the tiny model once, before any role needs it
+    model_folder = resolve_model_path(cfg)  # build the tiny model once, before any role needs it
     run = EmbeddedRun(cfg)
     run.run_dir.mkdir(parents=True, exist_ok=True)
     ro = cfg.rollout
@@ -169,6 +169,7 @@ def run_size(size: str, args: argparse.Namespace, runs_dir: Path) -> dict[str, A
         store = S3Store(s3.endpoint_url, cfg.storage.bucket, region=cfg.storage.region)
         store.ensure_bucket()
         store.put_json(run.paths.config(), cfg.model_dump(mode="json"))
+        store.put_json(run.paths.model(), model_document_for(cfg, model_folder))
         env = {**run.child_env(s3), "PYTHONPATH": os.pathsep.join(
             p for p in (str(ROOT / "benchmarks"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
         procs = ProcessGroup(run.run_dir / "logs", env)

@@ -30,7 +30,6 @@ import uvicorn
 
 from asyncrl.generation.engine import ActivityCounters, EngineSettings, GenerateParams
 from asyncrl.generation.server import create_app
-from asyncrl.models.tiny import resolve_model_path
 from asyncrl.roles.context import (
     RoleContext,
     base_url,
@@ -91,7 +90,7 @@ class InstantEngine:
 
 
 async def serve_generation(ctx: RoleContext, token: str, on_done: str) -> None:
-    model = resolve_model_path(ctx.cfg)
+    model = ctx.model_folder()
     vocab = json.loads((model / "config.json").read_text()).get("vocab_size")
     engine = InstantEngine(ctx.cfg.generation.max_model_len, vocab)
     sock = bind_socket("127.0.0.1", 0)

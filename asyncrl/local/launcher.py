@@ -38,10 +38,10 @@ from asyncrl.evaluation.single_turn import evaluate
 from asyncrl.local.processes import ProcessGroup
 from asyncrl.local.resume import LOCAL_CONFIG, ResumeError, prepare_resume
 from asyncrl.local.seaweed import EmbeddedS3
-from asyncrl.models.tiny import resolve_model_path
 from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.roles.context import base_url, wait_for_rendezvous
 from asyncrl.tasks.datasets import load_split
+from asyncrl.tiny_model.prepare import model_document_for, resolve_model_path
 from asyncrl.tracking.mlflow_tracker import Tracker, embedded_tracking_uri, flatten_params
 from asyncrl.transport.auth import TOKEN_ENV, auth_headers, new_token
 from asyncrl.transport.groups import GroupReader, GroupWriter
@@ -272,6 +272,7 @@ class EmbeddedRun:
             os.environ.update(s3.env())  # this process talks to S3 with the server's credentials too
             store = S3Store(s3.endpoint_url, cfg.storage.bucket, region=cfg.storage.region)
             self.write_run_documents(store)
+            store.put_json(self.paths.model(), model_document_for(cfg, model_path))  # what the roles load
             self.procs = ProcessGroup(self.run_dir / "logs", self.child_env(s3))
             try:
                 return self._run_roles(store, tokenizer, t_start)

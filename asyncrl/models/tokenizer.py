@@ -27,10 +27,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+
+if TYPE_CHECKING:
+    from asyncrl.config.schema import RunConfig
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -197,3 +200,8 @@ def decode_response(tok: PreTrainedTokenizerFast, ids: Sequence[int]) -> str:
             continue
         kept.append(i)
     return "".join(tok.convert_ids_to_tokens(kept))
+
+
+def charset(cfg: RunConfig) -> str:
+    """The built-in tokenizer's character set: arithmetic for the arithmetic task, text for jsonl and agentic."""
+    return "arithmetic" if cfg.env is None and cfg.task.name == "arithmetic" else "text"

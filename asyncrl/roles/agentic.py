@@ -37,7 +37,6 @@ from typing import Any
 from asyncrl.envs.execution import EnvExecutor, EnvFault, EnvHandle
 from asyncrl.envs.hang import ProgressWatch
 from asyncrl.models.chat import ChatFormat
-from asyncrl.models.tiny import resolve_model_path
 from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.roles.context import instance_index
 from asyncrl.roles.generation_servers import log_lost
@@ -94,7 +93,7 @@ class EpisodeKind:
         env = cfg.env
         assert env is not None
         self.driver, self.cfg, self.sched, self.gens, self.env_cfg = driver, cfg, driver.sched, driver.gens, env
-        self.tokenizer = load_tokenizer(resolve_model_path(cfg))
+        self.tokenizer = load_tokenizer(driver.ctx.model_folder())
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.chat = ChatFormat(self.tokenizer)
         self.executor = EnvExecutor(env.executor, env.max_concurrent_steps, env.step_timeout_s)

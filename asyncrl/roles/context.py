@@ -3,7 +3,8 @@
 A role is started as `python -m asyncrl.roles.<role> --run-url s3://bucket/prefix/run_id --id ID`; the S3 endpoint
 and credentials come from the standard environment (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`,
 `AWS_SECRET_ACCESS_KEY`), never from arguments, so no secret shows in a process list or a pipeline parameter.
-The resolved `RunConfig` is read from `config.json` under the run; rendezvous documents (address, port, epoch)
+The resolved `RunConfig` is read from `config.json` under the run, the model folder from `model.json` (a role never
+builds or chooses a model: `asyncrl.models.folder`); rendezvous documents (address, port, epoch)
 live under `rendezvous/<role>/<id>.json`.
 """
 
@@ -19,9 +20,11 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from asyncrl.config import RunConfig, config_from_json
+from asyncrl.models.folder import run_model_folder
 from asyncrl.roles.liveness import Heartbeat, RunOver, watch_run
 from asyncrl.transport.run_layout import RunPaths, parse_run_url
 from asyncrl.transport.s3 import S3Store
@@ -99,6 +102,12 @@ class RoleContext:
         apply_network_env(cfg, os.environ)
         host = advertised(args, "" if args.host in ("0.0.0.0", "::") else args.host) or "127.0.0.1"
         return cls(role, args.id, args.run_url, store, paths, cfg, advertise_host=host)
+
+    def model_folder(self) -> Path:
+        """The run's model folder, as the launcher or the pipeline's setup step recorded it in `model.json`
+        (fetched into the cache when it lives in S3). A role never builds or chooses a model."""
+        return run_model_folder(self.store, self.paths, self.cfg.cache_dir, self.store.endpoint_url,
+                                self.cfg.storage.region)
 
     # ---- rendezvous ----------------------------------------------------------------------------------
     def publish(self, doc: dict[str, Any]) -> None:

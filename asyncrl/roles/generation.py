@@ -18,7 +18,6 @@ from safetensors.torch import save_file
 
 from asyncrl.generation.engine import EngineSettings, GenerationEngine
 from asyncrl.generation.server import run_server
-from asyncrl.models.tiny import resolve_model_path
 from asyncrl.roles.context import (
     RoleContext,
     advertised,
@@ -82,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"generation[{args.id}]: {err}") from None
     ctx = RoleContext.from_args("generation", args)
     g = ctx.cfg.generation
-    model, version = model_at_latest_checkpoint(ctx, resolve_model_path(ctx.cfg))
+    model, version = model_at_latest_checkpoint(ctx, ctx.model_folder())
     settings = EngineSettings(
         model=str(model), max_model_len=g.max_model_len, kv_cache_gib=g.kv_cache_gib,
         max_num_seqs=g.max_num_seqs, seed=g.seed + instance_index(args.id),

@@ -29,7 +29,6 @@ from typing import Any
 
 from asyncrl.config import RunConfig
 from asyncrl.generation.client import Generated
-from asyncrl.models.tiny import resolve_model_path
 from asyncrl.models.tokenizer import decode_response, encode_prompt, load_tokenizer
 from asyncrl.roles.context import instance_index
 from asyncrl.roles.generation_servers import log_lost
@@ -112,7 +111,7 @@ class SingleTurnKind:
         cfg = driver.cfg
         self.driver, self.cfg, self.sched, self.gens = driver, cfg, driver.sched, driver.gens
         self.problems = load_split(cfg.task, "train")
-        self.tokenizer = load_tokenizer(resolve_model_path(cfg))
+        self.tokenizer = load_tokenizer(driver.ctx.model_folder())
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.problems, self.skipped_long_prompts = prompts_that_fit(cfg, self.tokenizer, self.problems)
         self.prompts = prompt_stream(len(self.problems), cfg.task.seed + 7919 * instance_index(driver.ctx.role_id))

@@ -40,7 +40,6 @@ from typing import Any
 
 import torch
 
-from asyncrl.models.tiny import resolve_model_path
 from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.roles.context import RoleContext, role_arg_parser, setup_logging
 from asyncrl.roles.role_metrics import read_role_metrics
@@ -118,7 +117,7 @@ class TrainingRunner:
         push_s = 4 * t.collective_s + 60.0
         self.step_wait_s = t.batch_wait_s + push_s + t.rendezvous_s
         self.start_wait_s = t.rendezvous_s + t.batch_wait_s + push_s
-        self.model_path = resolve_model_path(self.cfg)
+        self.model_path = ctx.model_folder()
         self.pad_id = int(load_tokenizer(self.model_path).pad_token_id)
         self.learner = Learner(self.model_path, self.cfg.training, timeout_s=t.collective_s,
                                control_timeout_s=self.start_wait_s)

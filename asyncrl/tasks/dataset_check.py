@@ -55,11 +55,9 @@ def unknown_chars(problems: Sequence[Problem], vocab: set[str]) -> tuple[int, in
 
 def _tokenizer(cfg: RunConfig) -> Any | None:
     """The run's tokenizer if it can be had here without a download, else None."""
-    from asyncrl.models.tokenizer import load_tokenizer, make_tokenizer
+    from asyncrl.models.tokenizer import charset, load_tokenizer, make_tokenizer
 
     if not cfg.model.path:
-        from asyncrl.models.tiny import charset
-
         return make_tokenizer(charset(cfg))
     if cfg.model.path.startswith("s3://") or not (Path(cfg.model.path) / "tokenizer.json").is_file():
         return None

@@ -82,6 +82,15 @@ class RunPaths:
         """`tracking.json`: the MLflow tracking URI and run id, for roles that log to the run."""
         return self.file("tracking.json")
 
+    def model(self) -> str:
+        """`model.json`: where the run's starting model folder is ({"path": local folder or s3:// URI, ...}),
+        written by the launcher (embedded) or the pipeline's setup step before any role starts."""
+        return self.file("model.json")
+
+    def model_prefix(self) -> str:
+        """`<root>/model/`: the built-in tiny model's files, uploaded by the cluster's setup step."""
+        return f"{self.root}/model/"
+
     def rendezvous_prefix(self, role: str) -> str:
         return f"{self.root}/rendezvous/{check_id('role', role)}/"
 

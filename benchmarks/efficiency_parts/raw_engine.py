@@ -104,9 +104,9 @@ def main() -> None:
     os.makedirs(os.environ["VLLM_RPC_BASE_PATH"], exist_ok=True)
     os.environ.update(engine_process_env(engine_settings(cfg, "unused")))  # as GenerationEngine.start
 
-    from asyncrl.models.tiny import resolve_model_path
     from asyncrl.models.tokenizer import decode_response, load_tokenizer
     from asyncrl.rewards.verifier import score
+    from asyncrl.tiny_model.prepare import resolve_model_path
 
     model = str(resolve_model_path(cfg))
     tok = load_tokenizer(model)

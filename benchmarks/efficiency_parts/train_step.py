@@ -60,8 +60,8 @@ def main() -> None:
     import torch
 
     from asyncrl.config import load_config
-    from asyncrl.models.tiny import resolve_model_path
     from asyncrl.models.tokenizer import load_tokenizer
+    from asyncrl.tiny_model.prepare import resolve_model_path
     from asyncrl.training.batch import build_batch
     from asyncrl.training.learner import Learner
 

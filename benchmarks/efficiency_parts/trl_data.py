@@ -9,10 +9,10 @@ from efficiency_parts.common import part_args, write_result
 def main() -> None:
     spec, out = part_args()
     from asyncrl.config import load_config
-    from asyncrl.models.tiny import resolve_model_path
     from asyncrl.models.tokenizer import encode_prompt, load_tokenizer
     from asyncrl.tasks.datasets import load_split
     from asyncrl.tasks.prompt_fit import prompts_that_fit
+    from asyncrl.tiny_model.prepare import resolve_model_path
 
     cfg = load_config(spec["config"], spec["overrides"])
     model = resolve_model_path(cfg)

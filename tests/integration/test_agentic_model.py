@@ -10,16 +10,16 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from asyncrl.config.schema import RunConfig
-from asyncrl.models.demonstrations import DEV_SEED_BASE, collect_demonstrations
-from asyncrl.models.sft_agentic import evaluate_success
-from asyncrl.models.tiny import (
+from asyncrl.models.tokenizer import chat_ids, load_tokenizer
+from asyncrl.tiny_model.build import (
     BUILD_INFO,
     SFT_DEV_LEVELS,
     TEXT_MAX_POSITIONS,
     build_tiny_model,
     tiny_model_dir,
 )
-from asyncrl.models.tokenizer import chat_ids, load_tokenizer
+from asyncrl.tiny_model.demonstrations import DEV_SEED_BASE, collect_demonstrations
+from asyncrl.tiny_model.sft_agentic import evaluate_success
 
 pytestmark = pytest.mark.integration
 

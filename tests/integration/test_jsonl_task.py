@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.models.tiny import BUILD_INFO
 from asyncrl.models.tokenizer import encode_prompt, load_tokenizer
+from asyncrl.tiny_model.build import BUILD_INFO
 
 pytestmark = pytest.mark.integration
 

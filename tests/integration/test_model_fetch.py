@@ -5,7 +5,7 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.models.fetch import fetch_model, select_files
-from asyncrl.models.tiny import resolve_model_path
+from asyncrl.tiny_model.prepare import resolve_model_path
 
 pytestmark = pytest.mark.integration
 
@@ -47,3 +47,48 @@ def test_selection_errors_name_what_is_missing():
         "a.safetensors", "config.json", "readme.bin.txt"]
     with pytest.raises(ValueError, match="model.path: expected s3://bucket/path"):
         fetch_model("s3://bucket-only", "/tmp", "")
+
+
+FOLDER = {"config.json": b'{"model_type": "qwen2"}', "model.safetensors": b"weights", "tokenizer.json": b"{}"}
+
+
+def test_roles_find_the_run_model_only_through_model_json(s3_server, s3_store, tmp_path):
+    from asyncrl.models.folder import ModelFolderError, model_document, run_model_folder
+    from asyncrl.transport.run_layout import RunPaths
+
+    paths = RunPaths("runs", "model-doc")
+    with pytest.raises(ModelFolderError, match=r"runs/model-doc/model.json: expected .* before the roles start; "
+                                               r"missing"):
+        run_model_folder(s3_store, paths, tmp_path, s3_server.endpoint_url)
+    s3_store.put_json(paths.model(), {"source": "model.path"})
+    with pytest.raises(ModelFolderError, match=r'model.json: expected .*; got \{"source": "model.path"\}'):
+        run_model_folder(s3_store, paths, tmp_path, s3_server.endpoint_url)
+    local = tmp_path / "local"
+    local.mkdir()
+    for name, data in FOLDER.items():
+        (local / name).write_bytes(data)
+    s3_store.put_json(paths.model(), model_document(str(local), "model.path"))
+    assert run_model_folder(s3_store, paths, tmp_path, s3_server.endpoint_url) == local
+    (local / "tokenizer.json").unlink()
+    with pytest.raises(ModelFolderError, match=r"model.json: .* tokenizer.json is missing"):
+        run_model_folder(s3_store, paths, tmp_path, s3_server.endpoint_url)
+    _upload(s3_store, paths.model_prefix().rstrip("/"), FOLDER)
+    uri = f"s3://{s3_store.bucket}/{paths.model_prefix().rstrip('/')}"
+    s3_store.put_json(paths.model(), model_document(uri, "built-in tiny model"))
+    fetched = run_model_folder(s3_store, paths, tmp_path / "cache", s3_server.endpoint_url)
+    assert fetched.is_relative_to(tmp_path / "cache") and (fetched / "model.safetensors").read_bytes() == b"weights"
+    with pytest.raises(ValueError, match="model.json source"):
+        model_document(uri, "somewhere")
+
+
+def test_setup_records_the_model_once(s3_server, s3_store, tmp_path):
+    from asyncrl.cluster.setup import publish_model
+    from asyncrl.transport.run_layout import RunPaths
+
+    paths = RunPaths("runs", "setup-model")
+    uri = f"s3://{s3_store.bucket}/models/given"
+    cfg = load_config(None, [f"model.path={uri}", f"cache_dir={tmp_path}", "run_id=setup-model"])
+    doc = publish_model(s3_store, paths, cfg)
+    assert doc == {"path": uri, "source": "model.path", "model_path": uri} == s3_store.get_json(paths.model())
+    other = load_config(None, [f"model.path={uri}-2", f"cache_dir={tmp_path}", "run_id=setup-model"])
+    assert publish_model(s3_store, paths, other) == doc  # a retried or resumed setup keeps what the roles load

@@ -12,10 +12,16 @@ from safetensors import safe_open
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from asyncrl.config.schema import RunConfig
-from asyncrl.models.evaluate import evaluate_accuracy, greedy_generate
-from asyncrl.models.tiny import BUILD_INFO, SFT_THREADS, build_tiny_model, resolve_model_path, tiny_model_dir
 from asyncrl.models.tokenizer import encode_prompt, load_tokenizer
 from asyncrl.tasks.arithmetic import load_split
+from asyncrl.tiny_model.build import (
+    BUILD_INFO,
+    SFT_THREADS,
+    build_tiny_model,
+    resolve_model_path,
+    tiny_model_dir,
+)
+from asyncrl.tiny_model.evaluate import evaluate_accuracy, greedy_generate
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,9 @@ from asyncrl.config.schema import RunConfig
 from asyncrl.envs import make
 from asyncrl.envs.frozenlake import generate_level
 from asyncrl.envs.sokoban import Level
-from asyncrl.models.demonstrations import (
+from asyncrl.models.tokenizer import make_tokenizer
+from asyncrl.tiny_model.build import MAX_POSITIONS, TEXT_MAX_POSITIONS, build_inputs, cache_key, max_positions
+from asyncrl.tiny_model.demonstrations import (
     TRAIN_SEED_BASE,
     collect_demonstrations,
     frozenlake_demo,
@@ -18,10 +20,8 @@ from asyncrl.models.demonstrations import (
     sokoban_demo,
     sokoban_plan,
 )
-from asyncrl.models.sft import IGNORE
-from asyncrl.models.sft_agentic import encode_demo
-from asyncrl.models.tiny import MAX_POSITIONS, TEXT_MAX_POSITIONS, build_inputs, cache_key, max_positions
-from asyncrl.models.tokenizer import make_tokenizer
+from asyncrl.tiny_model.sft import IGNORE
+from asyncrl.tiny_model.sft_agentic import encode_demo
 
 COMPACT = {"size": 4, "instructions": False}
 

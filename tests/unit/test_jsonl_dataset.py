@@ -13,13 +13,13 @@ import pytest
 from asyncrl.cli import main as cli_main
 from asyncrl.config import ConfigError, RunConfig, load_config
 from asyncrl.config.schema import JSONL_MIN_PROMPT_TOKENS, TaskConfig
-from asyncrl.models.tiny import build_inputs, cache_key
 from asyncrl.rewards.verifier import score
 from asyncrl.tasks.arithmetic import Problem
 from asyncrl.tasks.arithmetic import load_split as arithmetic_split
 from asyncrl.tasks.dataset_check import check_dataset
 from asyncrl.tasks.datasets import load_split
 from asyncrl.tasks.jsonl import DatasetError, load_jsonl, parse_rows
+from asyncrl.tiny_model.build import build_inputs, cache_key
 
 
 def test_bad_rows_are_skipped_counted_and_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

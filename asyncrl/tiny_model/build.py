@@ -39,12 +39,12 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from asyncrl.config.schema import RunConfig
-from asyncrl.models.demonstrations import DEV_SEED_BASE, TRAIN_SEED_BASE, collect_demonstrations
-from asyncrl.models.sft import SftResult, run_sft
-from asyncrl.models.sft_agentic import evaluate_success, run_agentic_sft
-from asyncrl.models.tokenizer import build_tokenizer, vocab_size
+from asyncrl.models.tokenizer import build_tokenizer, charset, vocab_size
 from asyncrl.tasks.arithmetic import Problem
 from asyncrl.tasks.datasets import file_digest, load_split
+from asyncrl.tiny_model.demonstrations import DEV_SEED_BASE, TRAIN_SEED_BASE, collect_demonstrations
+from asyncrl.tiny_model.sft import SftResult, run_sft
+from asyncrl.tiny_model.sft_agentic import evaluate_success, run_agentic_sft
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +64,6 @@ and when other processes share the cores OpenMP spin-waiting made 2 threads up t
 def max_positions(cfg: RunConfig) -> int:
     """max_position_embeddings of the tiny model of this config (arithmetic: 256, agentic: 512)."""
     return MAX_POSITIONS if cfg.env is None else TEXT_MAX_POSITIONS
-
-
-def charset(cfg: RunConfig) -> str:
-    """The built-in tokenizer's character set: arithmetic for the arithmetic task, text for jsonl and agentic."""
-    return "arithmetic" if cfg.env is None and cfg.task.name == "arithmetic" else "text"
 
 
 def build_inputs(cfg: RunConfig) -> dict[str, Any]:
@@ -281,73 +276,3 @@ def build_tiny_model(cfg: RunConfig) -> Path:
         info["seconds"],
     )
     return final
-
-
-class ModelFolderError(FileNotFoundError):
-    """A model folder is missing, is a file, or lacks what a run loads; the message names the folder, the field and
-    every missing file."""
-
-
-PICKLED_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-
-
-def model_folder_problems(folder: Path) -> list[str]:
-    """What a run needs from a Hugging Face model folder and `folder` lacks (empty: complete): config.json (a JSON
-    object), tokenizer.json (the tokenizer is loaded from it), and safetensors weights (every shard an index names).
-    Reads only the folder listing, config.json and the shard index."""
-    problems: list[str] = []
-    config = folder / "config.json"
-    if not config.is_file():
-        problems.append("config.json is missing")
-    else:
-        try:
-            doc = json.loads(config.read_text(encoding="utf-8"))
-            if not isinstance(doc, dict):
-                problems.append(f"config.json is not a JSON object (got {type(doc).__name__})")
-        except (OSError, UnicodeDecodeError, ValueError) as err:
-            problems.append(f"config.json is not readable JSON ({err})")
-    if not (folder / "tokenizer.json").is_file():
-        problems.append("tokenizer.json is missing (the tokenizer is loaded from it)")
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
-            problems.append(f"{index.name} is not a readable shard index ({type(err).__name__}: {err})")
-        else:
-            missing = [s for s in shards if not (folder / str(s)).is_file()]
-            if missing:
-                problems.append(f"weight shard(s) named in {index.name} are missing: {missing[:5]}")
-    elif not any(folder.glob("*.safetensors")):
-        pickled = sorted(p.name for p in folder.iterdir() if p.suffix.lower() in PICKLED_WEIGHTS)
-        found = f" (found {pickled[:3]}: pickled checkpoints are never loaded; convert them to safetensors)" \
-            if pickled else ""
-        problems.append(f"no *.safetensors weights{found}")
-    return problems
-
-
-def check_model_folder(folder: Path, field: str = "model.path") -> Path:
-    """`folder` if it is a complete model folder, else `ModelFolderError` naming `field`, the folder and what is
-    missing."""
-    if not folder.exists():
-        raise ModelFolderError(f"{field}: {folder} does not exist; expected a Hugging Face model folder")
-    if not folder.is_dir():
-        raise ModelFolderError(f"{field}: {folder} is a file; expected a Hugging Face model folder")
-    problems = model_folder_problems(folder)
-    if problems:
-        raise ModelFolderError(f"{field}: {folder} is not a complete Hugging Face model folder: {'; '.join(problems)}")
-    return folder
-
-
-def resolve_model_path(cfg: RunConfig) -> Path:
-    """model.path if set (a complete model folder, or an s3:// URI fetched into the cache), else the built-in
-    tiny model. `ModelFolderError` (a `FileNotFoundError`) names the folder and every missing file."""
-    if cfg.model.path.startswith("s3://"):
-        from asyncrl.models.fetch import fetch_model
-
-        endpoint = cfg.storage.endpoint_url or os.environ.get("AWS_ENDPOINT_URL", "")
-        folder = fetch_model(cfg.model.path, cfg.cache_dir, endpoint, cfg.storage.region)
-        return check_model_folder(folder, f"model.path ({cfg.model.path}, fetched into)")
-    if cfg.model.path:
-        return check_model_folder(Path(cfg.model.path))
-    return build_tiny_model(cfg)

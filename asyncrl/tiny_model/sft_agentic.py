@@ -12,7 +12,7 @@ Invariants:
   the action passed to `env.step`; an episode fails when the env ends it without success, after `max_turns` turns,
   or when the next prompt would not fit `max_positions - max_new_tokens` positions;
 - batches are drawn with a torch.Generator seeded from TinyModelConfig.seed (reproducible on one machine); the
-  learning rate follows `asyncrl.models.sft.lr_at`; the success rate is measured every `eval_every` steps and after
+  learning rate follows `asyncrl.tiny_model.sft.lr_at`; the success rate is measured every `eval_every` steps and after
   the last step, and training stops at the first measurement >= sft_target_accuracy, or after sft_steps steps.
 """
 
@@ -30,9 +30,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from asyncrl.config.schema import TinyModelConfig
 from asyncrl.envs import make
-from asyncrl.models.evaluate import greedy_generate
-from asyncrl.models.sft import IGNORE, SftResult, lr_at, sft_loss
 from asyncrl.models.tokenizer import chat_ids, decode_response
+from asyncrl.tiny_model.evaluate import greedy_generate
+from asyncrl.tiny_model.sft import IGNORE, SftResult, lr_at, sft_loss
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from asyncrl.config.schema import TinyModelConfig
-from asyncrl.models.evaluate import evaluate_accuracy
 from asyncrl.models.tokenizer import encode_prompt, encode_response
 from asyncrl.tasks.arithmetic import Problem
+from asyncrl.tiny_model.evaluate import evaluate_accuracy
 
 log = logging.getLogger(__name__)
 
