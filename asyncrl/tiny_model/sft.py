@@ -82,6 +82,23 @@ def lr_at(step: int, total: int, base_lr: float) -> float:
     return base_lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
+def sft_step(model: PreTrainedModel, opt: torch.optim.Optimizer, gen: torch.Generator, ids: torch.Tensor,
+             labels: torch.Tensor, pad: int, step: int, cfg: TinyModelConfig) -> float:
+    """One supervised step (1-based `step` of `cfg.sft_steps`) on a batch of rows drawn with `gen`, padding cut to the
+    batch's longest row, gradient clipped at 1; returns the loss. Shared by the single-turn and multi-turn builds."""
+    for group in opt.param_groups:
+        group["lr"] = lr_at(step - 1, cfg.sft_steps, cfg.sft_lr)
+    rows = torch.randint(0, ids.size(0), (cfg.sft_batch_size,), generator=gen)
+    batch_ids, batch_labels = ids[rows], labels[rows]
+    width = int((batch_ids != pad).sum(1).max())
+    loss = sft_loss(model, batch_ids[:, :width], batch_labels[:, :width], pad)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return float(loss.detach())
+
+
 def run_sft(
     model: PreTrainedModel,
     tok: PreTrainedTokenizerFast,
@@ -105,17 +122,7 @@ def run_sft(
     if cfg.sft_steps == 0:
         accuracy = evaluate_accuracy(model, tok, eval_problems, max_new_tokens).accuracy
     for step in range(1, cfg.sft_steps + 1):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step - 1, cfg.sft_steps, cfg.sft_lr)
-        rows = torch.randint(0, ids.size(0), (cfg.sft_batch_size,), generator=gen)
-        batch_ids, batch_labels = ids[rows], labels[rows]
-        width = int((batch_ids != pad).sum(1).max())
-        loss = sft_loss(model, batch_ids[:, :width], batch_labels[:, :width], pad)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        loss_value = float(loss.detach())
+        loss_value = sft_step(model, opt, gen, ids, labels, pad, step, cfg)
         if step % eval_every == 0 or step == cfg.sft_steps:
             accuracy = evaluate_accuracy(model, tok, eval_problems, max_new_tokens).accuracy
             elapsed = time.monotonic() - started

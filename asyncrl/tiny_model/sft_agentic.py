@@ -32,7 +32,7 @@ from asyncrl.config.schema import TinyModelConfig
 from asyncrl.envs import make
 from asyncrl.models.tokenizer import chat_ids, decode_response
 from asyncrl.tiny_model.evaluate import greedy_generate
-from asyncrl.tiny_model.sft import IGNORE, SftResult, lr_at, sft_loss
+from asyncrl.tiny_model.sft import IGNORE, SftResult, sft_step
 
 log = logging.getLogger(__name__)
 
@@ -156,17 +156,7 @@ def run_agentic_sft(
     if cfg.sft_steps == 0:
         rate = float(evaluate(model))
     for step in range(1, cfg.sft_steps + 1):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step - 1, cfg.sft_steps, cfg.sft_lr)
-        rows = torch.randint(0, ids.size(0), (cfg.sft_batch_size,), generator=gen)
-        batch_ids, batch_labels = ids[rows], labels[rows]
-        width = int((batch_ids != pad).sum(1).max())
-        loss = sft_loss(model, batch_ids[:, :width], batch_labels[:, :width], pad)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        loss_value = float(loss.detach())
+        loss_value = sft_step(model, opt, gen, ids, labels, pad, step, cfg)
         if step % eval_every == 0 or step == cfg.sft_steps:
             rate = float(evaluate(model))
             elapsed = time.monotonic() - started

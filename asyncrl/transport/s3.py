@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar
 
 import boto3
@@ -266,21 +266,24 @@ class S3Store:
 
     def list_keys(self, prefix: str, page_size: int = 1000) -> list[str]:
         """Every key under `prefix`, sorted; follows continuation tokens until the listing ends."""
-        keys: list[str] = []
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": page_size}
+        pages = self._pages(f"{self._where(prefix)}*", kwargs)
+        return sorted({obj["Key"] for resp in pages for obj in resp.get("Contents", [])})
+
+    def _pages(self, where: str, kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Every page of one listing, following continuation tokens; a repeated token (a server bug) is a
+        StorageError, never an endless loop."""
         seen_tokens: set[str] = set()
-        where = f"{self._where(prefix)}*"
         while True:
             resp = self._list_page(where, kwargs)
-            keys.extend(obj["Key"] for obj in resp.get("Contents", []))
+            yield resp
             token = resp.get("NextContinuationToken")
             if not resp.get("IsTruncated") or not token:
-                break
-            if token in seen_tokens:  # a server bug must not become an endless loop
+                return
+            if token in seen_tokens:
                 raise StorageError(f"list {where}: continuation token repeated ({token!r})")
             seen_tokens.add(token)
-            kwargs["ContinuationToken"] = token
-        return sorted(set(keys))
+            kwargs = {**kwargs, "ContinuationToken": token}
 
     def first_key_after(self, prefix: str, start_after: str) -> str | None:
         """The first key under `prefix` that sorts after `start_after` (one cheap listing), or None.
@@ -296,19 +299,9 @@ class S3Store:
     def list_subprefixes(self, prefix: str) -> list[str]:
         """The "folders" directly under `prefix` (full prefixes ending in '/'), sorted; one listing
         with Delimiter='/', so it stays cheap however many objects lie below."""
-        found: set[str] = set()
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "Delimiter": "/", "MaxKeys": 1000}
-        seen_tokens: set[str] = set()
-        where = f"{self._where(prefix)}*/"
-        while True:
-            resp = self._list_page(where, kwargs)
-            found.update(p["Prefix"] for p in resp.get("CommonPrefixes", []))
-            token = resp.get("NextContinuationToken")
-            if not resp.get("IsTruncated") or not token or token in seen_tokens:
-                break
-            seen_tokens.add(token)
-            kwargs["ContinuationToken"] = token
-        return sorted(found)
+        pages = self._pages(f"{self._where(prefix)}*/", kwargs)
+        return sorted({p["Prefix"] for resp in pages for p in resp.get("CommonPrefixes", [])})
 
     def delete(self, key: str) -> None:
         """Delete `key` (no error if it is already gone)."""

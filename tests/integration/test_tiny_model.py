@@ -18,10 +18,10 @@ from asyncrl.tiny_model.build import (
     BUILD_INFO,
     SFT_THREADS,
     build_tiny_model,
-    resolve_model_path,
     tiny_model_dir,
 )
 from asyncrl.tiny_model.evaluate import evaluate_accuracy, greedy_generate
+from asyncrl.tiny_model.prepare import resolve_model_path
 
 pytestmark = pytest.mark.integration
 
