@@ -23,8 +23,8 @@ from asyncrl.sim import SimConfig, Slowdown, preset, rlvr_workload, simulate
 from asyncrl.sim.report import format_table
 
 OUT = Path(__file__).resolve().parent / "results" / "ablation_sim.json"
-BASE = SimConfig(gpus=40, mode="async", async_ratio=2, train_share=0.2, prompts_per_step=128, group_size=8, steps=6,
-                 warmup_steps=2)
+BASE = SimConfig.of(gpus=40, mode="async", async_ratio=2, train_share=0.2, prompts_per_step=128, group_size=8,
+                    steps=6, warmup_steps=2)
 SLOW = (Slowdown(0, 0.0, 3.0),)
 
 VARIANTS: list[tuple[str, str, dict]] = [
@@ -65,7 +65,7 @@ def main() -> None:
             ("aborted_groups", "{}"), ("samples_aborted", "{}"), ("bound_share", "{:.2f}")]
     print(format_table(rows, cols))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    base = {k: (list(v) if isinstance(v, tuple) else v) for k, v in BASE.__dict__.items()}
+    base = BASE.flat()
     args.out.write_text(json.dumps({"benchmark": "ablation (simulated)", "base": base, "cost_preset": "gpu-7b",
                                     "cost": cost.to_dict(), "cost_notes": notes, "rows": rows}, indent=2, default=str))
     print(f"wrote {args.out}")

@@ -75,8 +75,8 @@ def run_sim() -> list[dict]:
     wl = Workload(response_tokens=Dist("lognormal", 600, 0.8, 1, 8192), prompt_tokens=Dist("fixed", 1024),
                   turns=Dist("fixed", 5, lo=1), env_latency_s=Dist("lognormal", median, sigma, 0.05, 300.0),
                   observation_tokens=Dist("lognormal", 200, 0.5, 1, 2048), agentic=True, seed=0)
-    base = SimConfig(gpus=64, mode="async", async_ratio=2, train_share=0.25, prompts_per_step=64, group_size=8,
-                     steps=8, warmup_steps=2)
+    base = SimConfig.of(gpus=64, mode="async", async_ratio=2, train_share=0.25, prompts_per_step=64, group_size=8,
+                        steps=8, warmup_steps=2)
     rows = []
     for name, kw in SIM_VARIANTS:
         r = simulate(base.with_overrides(**kw), cost, wl).to_dict()

@@ -32,7 +32,8 @@ def run(k: int, alpha: int, cost, wl) -> dict:  # type: ignore[no-untyped-def]
     t = math.ceil(k / 4)
     g = k + t
     steps = 6 if k < 512 else 5
-    common = SimConfig(gpus=g, prompts_per_step=PROMPTS_PER_WORKER * k, group_size=GROUP, steps=steps, warmup_steps=2)
+    common = SimConfig.of(gpus=g, prompts_per_step=PROMPTS_PER_WORKER * k, group_size=GROUP, steps=steps,
+                          warmup_steps=2)
     t0 = time.monotonic()
     sync = simulate(common.with_overrides(mode="sync"), cost, wl)
     fast = simulate(common.with_overrides(mode="async", async_ratio=alpha, train_share=t / g), cost, wl)

@@ -35,7 +35,7 @@ CREDIT = '{"scaling":"coupled","window":4,"fai_h_lo":1,"fai_h_hi":8}'
 VARIANTS: list[tuple[str, list[str]]] = [
     *[(f"{loss}_a{a}", [f"training.loss={loss}", "rollout.mode=sync" if a == 0 else f"rollout.async_ratio={a}"])
       for loss in LOSSES for a in (0, 4)],
-    ("cispo_unified_a4", ["training.loss=cispo", "training.cispo_unified_mask=true", "rollout.async_ratio=4"]),
+    ("cispo_unified_a4", ["training.loss=cispo", "training.loss_params.unified_mask=true", "rollout.async_ratio=4"]),
     ("asyppo_a2", ["training.loss=decoupled_ppo", "training.advantage=gae", "training.asyppo={}",
                    "training.critic.warmup_steps=4", "rollout.async_ratio=2"]),
     ("grpo_credit_a2", ["training.loss=decoupled_ppo", f"training.attention_credit={CREDIT}",

@@ -7,6 +7,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from asyncrl.config.loss_params import BUILTIN_LOSSES, LossParams
 from asyncrl.config.schema import RunConfig
 
 _BOUNDS = [("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"), ("multiple_of", "multiple of"),
@@ -38,10 +39,23 @@ def _optional_section(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _loss_params_rows(name: str, field: Any, prefix: str) -> list[str]:
+    """The row of the `loss_params` field, then each built-in loss's parameters, marked with the loss."""
+    desc = (field.description or "").replace("|", "\\|")
+    rows = [f"| `{prefix}{name}` | section, by `{prefix}loss` | the loss's defaults |  | {desc} |"]
+    for loss, params in BUILTIN_LOSSES.items():
+        rows += [row.replace(f"| `{prefix}{name}.{key}` |", f"| `{prefix}{name}.{key}` (loss `{loss}`) |")
+                 for key, row in zip(params.model_fields, _rows(params, f"{prefix}{name}."), strict=True)]
+    return rows
+
+
 def _rows(model: type[BaseModel], prefix: str) -> list[str]:
     rows: list[str] = []
     for name, field in model.model_fields.items():
         ann = field.annotation
+        if ann is LossParams:
+            rows += _loss_params_rows(name, field, prefix)
+            continue
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             rows += _rows(ann, f"{prefix}{name}.")
             continue

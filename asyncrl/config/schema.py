@@ -10,9 +10,29 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
+from asyncrl.config.loss_params import (
+    MOVED_KEYS,
+    LossParams,
+    loss_params_class,
+    parse_loss_params,
+    registered_losses,
+    resolve_loss,
+)
 from asyncrl.envs.injection import EnvInjectionConfig  # the environments own their injection settings
+from asyncrl.rollout.scheduler import PartialRollout, Routing, SchedulerConfig
+
+_SCHED = SchedulerConfig()  # the scheduler's knobs' defaults: the rollout section takes its defaults from it
 
 
 class _Section(BaseModel):
@@ -69,6 +89,17 @@ class TaskConfig(_Section):
     max_operand: int = Field(29, ge=1, le=10**6, description="Operands are drawn from 0..max_operand.")
     operations: list[Literal["+", "-", "*"]] = Field(default_factory=lambda: ["+", "-"], min_length=1)
     seed: int = 1234
+    reward: str = Field("", description="Your own reward function, 'package.module:function' of (prompt, response, "
+                        "answer) -> float (docs/extending.md); empty: exact match of the answer.")
+
+    @field_validator("reward")
+    @classmethod
+    def _check_reward(cls, v: str) -> str:
+        if v:
+            from asyncrl.rewards.custom import load_reward_fn
+
+            load_reward_fn(v)  # importable, a function of (prompt, response, answer): ValueError names the path
+        return v
 
     @model_validator(mode="after")
     def _check_split_sizes(self) -> TaskConfig:
@@ -106,7 +137,7 @@ class EnvConfig(_Section):
     """An agentic task: a registered environment driven over several turns (see asyncrl.envs)."""
 
     name: str = Field("frozenlake", min_length=1, description="A registered environment (frozenlake, sokoban, "
-                      "tool_use, remote).")
+                      "tool_use, remote), or your own as an import path package.module:ClassName (docs/extending.md).")
     params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment.")
     system_prompt: str = Field("", description="Optional system message before the first observation.")
     max_turns: int = Field(8, ge=1, le=1024, description="Turns (generate + step) before an episode is truncated.")
@@ -143,32 +174,34 @@ class RolloutConfig(_Section):
         "async", description="sync: the synchronous baseline (generate a full batch with the current weights, train, "
         "sync, repeat; sets async_ratio to 0)."
     )
-    async_ratio: int = Field(1, ge=0, le=64, description="α: a sample started under version s trains at step k only if s >= k - α.")
-    prompts_per_step: int = Field(8, ge=1, description="B: prompts (groups) per training step.")
-    samples_per_prompt: int = Field(8, ge=1, le=1024, description="n: samples of each prompt (the group size).")
-    max_new_tokens: int = Field(8, ge=1, description="Longest response.")
+    async_ratio: int = Field(_SCHED.async_ratio, ge=0, le=64, description="α: a sample started under version s "
+                             "trains at step k only if s >= k - α.")
+    prompts_per_step: int = Field(_SCHED.prompts_per_step, ge=1, description="B: prompts (groups) per training step.")
+    samples_per_prompt: int = Field(_SCHED.group_size, ge=1, le=1024, description="n: samples of each prompt (the "
+                                    "group size).")
+    max_new_tokens: int = Field(_SCHED.max_new_tokens, ge=1, description="Longest response.")
     temperature: float = Field(1.0, gt=0, le=10.0, description="Sampling temperature; the trainer's log-probs use it too.")
     top_p: float = Field(1.0, gt=0, le=1.0)
     num_writers: int = Field(1, ge=1, le=64, description="Environment role instances, each writing its own group stream.")
     request_timeout_s: float = Field(120.0, gt=0)
-    routing: Literal["least_tokens", "least_requests", "round_robin"] = Field(
-        "least_tokens", description="Queue scheduling: each request goes to the server with the least outstanding "
+    routing: Routing = Field(
+        _SCHED.routing, description="Queue scheduling: each request goes to the server with the least outstanding "
         "tokens (or requests), or round robin."
     )
-    replicate_prompts: bool = Field(True, description="Route each of a prompt's samples on its own (false: a group's "
+    replicate_prompts: bool = Field(_SCHED.replicate, description="Route each of a prompt's samples on its own (false: a group's "
                                     "samples all go to one server).")
-    extra_samples_per_prompt: int = Field(0, ge=0, le=1024, description="Redundant samples per group: the first "
+    extra_samples_per_prompt: int = Field(_SCHED.extra_samples, ge=0, le=1024, description="Redundant samples per group: the first "
                                           "samples_per_prompt to finish are kept, the rest aborted.")
-    extra_groups: int = Field(0, ge=0, le=4096, description="Redundant groups in flight beyond what the steps need; "
+    extra_groups: int = Field(_SCHED.extra_groups, ge=0, le=4096, description="Redundant groups in flight beyond what the steps need; "
                               "the slowest are aborted once their steps are full.")
-    dynamic_filter: bool = Field(False, description="Drop (and replace) groups whose rewards are all equal.")
-    replace_failed: int = Field(0, ge=0, le=1024, description="Failed samples (a generation, environment or score "
+    dynamic_filter: bool = Field(_SCHED.dynamic_filter, description="Drop (and replace) groups whose rewards are all equal.")
+    replace_failed: int = Field(_SCHED.replace_failed, ge=0, le=1024, description="Failed samples (a generation, environment or score "
                                 "failure) replaced per group by a new sample of the same prompt.")
     reward_attempts: int = Field(4, ge=1, le=20, description="Calls of the reward role per sample: a transient "
                                  "failure (no answer, 429, 5xx) is retried with backoff and jitter; then the sample is "
                                  "dropped and counted, never given a default reward.")
-    partial_rollout: Literal["continue", "resubmit"] = Field(
-        "continue", description="On a weight update, running requests continue under the new weights (continue), or "
+    partial_rollout: PartialRollout = Field(
+        _SCHED.partial_rollout, description="On a weight update, running requests continue under the new weights (continue), or "
         "are aborted and re-sent with their partial tokens appended (resubmit)."
     )
     length_tail: LengthTailConfig | None = Field(None, description="Benchmark workload: long-tailed decode lengths.")
@@ -182,6 +215,18 @@ class RolloutConfig(_Section):
         if isinstance(data, dict) and data.get("mode") == "sync":
             data = {**data, "async_ratio": 0}
         return data
+
+    def scheduler_config(self, num_servers: int, writer: str, incarnation: int = 0) -> SchedulerConfig:
+        """The rollout scheduler of environment writer `writer`: its share of the batch (prompts_per_step /
+        num_writers), routing over `num_servers` servers; `incarnation` > 0 after a restart (the groups it had
+        written before)."""
+        return SchedulerConfig(
+            async_ratio=self.async_ratio, prompts_per_step=self.prompts_per_step // self.num_writers,
+            group_size=self.samples_per_prompt, num_servers=num_servers, extra_samples=self.extra_samples_per_prompt,
+            extra_groups=self.extra_groups, routing=self.routing, replicate=self.replicate_prompts,
+            dynamic_filter=self.dynamic_filter, partial_rollout=self.partial_rollout, max_new_tokens=self.max_new_tokens,
+            writer=writer, replace_failed=self.replace_failed, incarnation=incarnation,
+        )
 
 
 class GenerationConfig(_Section):
@@ -199,9 +244,6 @@ class GenerationConfig(_Section):
     max_restarts: int = Field(3, ge=0, le=100, description="Restarts of a generation server that died (the embedded "
                               "launcher restarts it; on a cluster the pipeline's generation task retries its pod as "
                               "often). A restarted server loads the latest committed weights from S3 and rejoins.")
-
-
-LossName = Literal["ppo", "decoupled_ppo", "tis", "cispo", "topr"]
 
 
 class CriticConfig(_Section):
@@ -265,18 +307,12 @@ class TrainingConfig(_Section):
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage.")
     num_processes: int = Field(1, ge=1, le=64, description="Data-parallel training ranks (one per GPU of the "
                                "training pod; CPU processes here), started by torchrun; rank 0 leads.")
-    loss: LossName = Field("decoupled_ppo", description="Policy loss, docs/algorithms.md §3.")
-    clip_low: float = Field(0.2, ge=0, lt=1)
-    clip_high: float = Field(0.2, ge=0)
-    dual_clip: float | None = Field(None, gt=1)
-    w_max: float = Field(2.0, gt=0, description="decoupled_ppo: cap on w = π_prox/π_behav.")
-    w_mask: tuple[float, float] | None = Field(None, description="decoupled_ppo: mask tokens with w outside [lo, hi] instead of capping.")
-    tis_cap: float = Field(2.0, gt=0)
-    cispo_eps_low: float = Field(0.1, ge=0, lt=1)
-    cispo_eps_high: float = Field(0.1, ge=0)
-    cispo_unified_mask: bool = False
-    topr_pos_weight: float = Field(1.0, ge=0)
-    topr_neg_weight: float = Field(1.0, ge=0)
+    loss: str = Field("decoupled_ppo", description="Policy loss, docs/algorithms.md §3: a registered loss (built in: "
+                      "ppo, decoupled_ppo, tis, cispo, topr), or your own as an import path package.module:name "
+                      "whose module registers it (docs/extending.md).")
+    loss_params: SerializeAsAny[LossParams] = Field(
+        default_factory=dict, validate_default=True, description="The parameters of training.loss, checked by that "
+        "loss's class (their defaults and bounds: the training.loss_params rows below); unset ones take its defaults.")
     norm_std: bool = Field(True, description="GRPO std normalisation; false gives Dr.GRPO.")
     advantage: Literal["grpo", "gae"] = Field("grpo", description="Advantage estimator: group-normalised rewards, "
                                               "or GAE on a critic's values (docs/algorithms.md §2).")
@@ -294,12 +330,41 @@ class TrainingConfig(_Section):
                              "on a small machine the roles share the cores.")
     seed: int = 0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_loss_keys(cls, data: object) -> object:
+        """The loss parameters moved from flat `training` keys to `training.loss_params`: name the new place."""
+        if isinstance(data, dict):
+            moved = [k for k in MOVED_KEYS if k in data]
+            if moved:
+                raise ValueError("; ".join(f"training.{k}: moved to training.loss_params.{MOVED_KEYS[k]} (the "
+                                           f"parameters of training.loss)" for k in moved))
+        return data
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, value: str) -> str:
+        if ":" in value:  # an import path: its module registers the loss
+            resolve_loss(value)
+        elif value not in registered_losses():
+            names = [repr(n) for n in registered_losses()]
+            raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                      {"expected": ", ".join(names[:-1]) + " or " + names[-1]})
+        return value
+
+    @field_validator("loss_params", mode="before")
+    @classmethod
+    def _params_of_the_loss(cls, value: object, info: ValidationInfo) -> object:
+        if "loss" not in info.data:  # the loss itself is wrong (reported): nothing to check the parameters against
+            return LossParams()
+        return parse_loss_params(info.data["loss"], value, "training.loss_params")
+
     @model_validator(mode="after")
-    def _check_w_mask(self) -> TrainingConfig:
-        if self.w_mask is not None:
-            lo, hi = self.w_mask
-            if not 0 <= lo < 1 < hi:
-                raise ValueError(f"training.w_mask: expected [lo, hi] with 0 <= lo < 1 < hi, got {list(self.w_mask)}")
+    def _check_combinations(self) -> TrainingConfig:
+        expected = loss_params_class(self.loss)
+        if type(self.loss_params) is not expected:  # a loss assigned after its parameters
+            raise ValueError(f"training.loss_params: expected the parameters of loss {self.loss!r} "
+                             f"({expected.__name__}), got {type(self.loss_params).__name__}")
         if self.asyppo is not None:
             if self.advantage != "gae":
                 raise ValueError(f"training.asyppo: needs training.advantage 'gae' (the mini-critics' mean value "
@@ -434,9 +499,21 @@ class RunConfig(_Section):
 
     @staticmethod
     def _check_env(env: EnvConfig) -> None:
-        """The environment exists and takes these parameters (a built-in one is constructed once to check)."""
-        from asyncrl.envs import make, registered  # the registry; environments do not import the config
+        """The environment exists and takes these parameters (it is constructed once to check; an import path is
+        imported here, so it must be importable wherever the config is validated)."""
+        # the registry; environments do not import the config
+        from asyncrl.envs import is_import_path, make, registered, resolve
 
+        if is_import_path(env.name):  # the user's class: imported and checked first (env.name), then built once
+            try:
+                resolve(env.name)
+            except ValueError as e:
+                raise ValueError(f"env.name: {e}") from e
+            try:
+                make(env.name, **env.params)
+            except ValueError as e:
+                raise ValueError(f"env.params: {e}") from e
+            return
         if env.name == "remote":
             missing = [k for k in ("url", "env") if not isinstance(env.params.get(k), str) or not env.params.get(k)]
             if missing:

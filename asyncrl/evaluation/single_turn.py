@@ -1,4 +1,5 @@
-"""Held-out evaluation through the generation servers: greedy decoding, scored by the task's verifier.
+"""Held-out evaluation through the generation servers: greedy decoding, scored by the task's verifier (or the run's
+`task.reward` function; a sample counts as correct when its reward is at least 1).
 
 Run against the live servers, so it measures exactly the weights the servers hold (the warm start before
 training, the last synced version after).
@@ -13,13 +14,13 @@ import httpx
 
 from asyncrl.generation.client import GenerationClient
 from asyncrl.models.tokenizer import decode_response, encode_prompt
-from asyncrl.rewards.verifier import score
+from asyncrl.rewards.custom import Scorer, builtin_scorer
 from asyncrl.tasks.arithmetic import Problem
 
 
 async def evaluate(server_urls: list[str], problems: list[Problem], tokenizer: Any, *, task: str,
                    max_new_tokens: int, timeout_s: float, concurrency: int = 64, tag: str = "eval",
-                   token: str | None = None) -> dict[str, Any]:
+                   token: str | None = None, scorer: Scorer = builtin_scorer) -> dict[str, Any]:
     """Greedy accuracy of the servers' current weights on `problems`; requests are spread round-robin.
     `token`: the servers' bearer token (default: `ASYNCRL_ROLE_TOKEN`)."""
     if not server_urls:
@@ -34,10 +35,11 @@ async def evaluate(server_urls: list[str], problems: list[Problem], tokenizer: A
                 out = await gens[i % len(gens)].generate(
                     f"{tag}-{i}", encode_prompt(tokenizer, p.prompt), max_tokens=max_new_tokens, temperature=0.0,
                     top_p=1.0, seed=0, stop_token_ids=[eos])
-            reward, _ = score(task, decode_response(tokenizer, out.token_ids), p.answer)
+            reward, _ = scorer(task, p.prompt, decode_response(tokenizer, out.token_ids), p.answer)
             return reward, (out.token_versions[-1] if out.token_versions else out.start_version)
 
         results = await asyncio.gather(*(one(i, p) for i, p in enumerate(problems)))
     correct = sum(r >= 1.0 for r, _ in results)
     return {"accuracy": correct / len(problems), "correct": correct, "n": len(problems),
+            "mean_reward": sum(r for r, _ in results) / len(problems),
             "versions": sorted({v for _, v in results})}

@@ -39,6 +39,7 @@ from asyncrl.local.processes import ProcessGroup
 from asyncrl.local.resume import LOCAL_CONFIG, ResumeError, prepare_resume
 from asyncrl.local.seaweed import EmbeddedS3
 from asyncrl.models.tokenizer import load_tokenizer
+from asyncrl.rewards.custom import scorer_for
 from asyncrl.roles.context import base_url, wait_for_rendezvous
 from asyncrl.tasks.datasets import load_split
 from asyncrl.tiny_model.prepare import model_document_for, resolve_model_path
@@ -231,7 +232,8 @@ class EmbeddedRun:
         problems = load_split(self.cfg.task, "eval")
         return asyncio.run(evaluate([base_url(d) for d in gen_docs], problems, tokenizer, task=self.cfg.task.name,
                                     max_new_tokens=self.cfg.rollout.max_new_tokens,
-                                    timeout_s=self.cfg.timeouts.http_s, tag=tag, token=self.role_token))
+                                    timeout_s=self.cfg.timeouts.http_s, tag=tag, token=self.role_token,
+                                    scorer=scorer_for(self.cfg.task.reward)))
 
     def server_checksums(self, gen_docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []

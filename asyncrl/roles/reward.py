@@ -1,4 +1,5 @@
-"""The reward role: `POST /score` (one response) and `POST /score_batch` (many) scored with the task's verifier.
+"""The reward role: `POST /score` (one response) and `POST /score_batch` (many) scored with the task's verifier, or
+the run's own reward function (`task.reward`, `asyncrl.rewards.custom`).
 
 `/score` {task, prompt, response, metadata} → {reward, details}, or 422 for a refusal. `/score_batch`
 {items: [score request, ...]} → {results: [...]}, one result per item in order, each {reward, details} or
@@ -46,7 +47,7 @@ from asyncrl.rewards.api import (
     ScoreRequest,
     ScoreResponse,
 )
-from asyncrl.rewards.verifier import score
+from asyncrl.rewards.custom import Scorer, builtin_scorer, scorer_for
 from asyncrl.roles.context import (
     RoleContext,
     advertised,
@@ -73,20 +74,22 @@ class Refused(Exception):
         self.detail = detail
 
 
-def score_item(req: ScoreRequest) -> tuple[float, dict[str, Any]]:
-    """The reward and details of one request; `Refused` when it has no string `metadata.answer` or an unknown
-    task. Any other exception is a verifier bug and propagates."""
+def score_item(req: ScoreRequest, scorer: Scorer = builtin_scorer) -> tuple[float, dict[str, Any]]:
+    """The reward and details of one request by `scorer` (the run's `task.reward`, else the built-in verifier);
+    `Refused` when it has no string `metadata.answer` or an unknown task. Any other exception is a verifier (or
+    reward function) bug and propagates."""
     answer = req.metadata.get("answer")
     if not isinstance(answer, str):
         raise Refused("metadata.answer: expected the reference answer as a string")
     try:
-        return score(req.task, req.response, answer)
+        return scorer(req.task, req.prompt, req.response, answer)
     except ValueError as err:
         raise Refused(f"task: {err}") from None
 
 
 def create_app(stats: dict[str, int] | None = None, *, token: str | None,
-               max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+               scorer: Scorer = builtin_scorer) -> FastAPI:
     """The reward API; `stats` (updated in place: `scored`, `rejected`, counted per item) is the role's heartbeat
     figures. Every route requires `token` as a bearer token (None: no check, tests only); bodies are limited to
     `max_body_bytes` and must arrive within `body_timeout_s` (408). A body that is not a score request (or, for
@@ -107,7 +110,7 @@ def create_app(stats: dict[str, int] | None = None, *, token: str | None,
     @app.post("/score", response_model=ScoreResponse)
     def post_score(req: ScoreRequest) -> ScoreResponse:
         try:
-            reward, details = score_item(req)
+            reward, details = score_item(req, scorer)
         except Refused as refused:
             count(0, 1)
             raise HTTPException(ITEM_STATUS_REFUSED, refused.detail) from None
@@ -120,7 +123,7 @@ def create_app(stats: dict[str, int] | None = None, *, token: str | None,
         scored = rejected = 0
         for index, item in enumerate(req.items):
             try:
-                reward, details = score_item(item)
+                reward, details = score_item(item, scorer)
             except Refused as refused:
                 rejected += 1
                 results.append(ScoreItemFailure(error=ItemError(status=ITEM_STATUS_REFUSED, detail=refused.detail)))
@@ -169,7 +172,8 @@ async def serve(ctx: RoleContext, sock: socket.socket, advertise: str, on_done: 
         ctx.publish({"host": advertise or host, "port": port})
 
     async with watched(ctx, on_done, heartbeat, lambda: numeric_metrics(stats)) as (stop, over):
-        app = create_app(stats, token=token, body_timeout_s=ctx.cfg.timeouts.http_s)
+        app = create_app(stats, token=token, body_timeout_s=ctx.cfg.timeouts.http_s,
+                         scorer=scorer_for(ctx.cfg.task.reward))
         await serve_app(app, sock, ready, stop)
     return over[0] if over else None
 

@@ -41,7 +41,6 @@ from asyncrl.rollout.scheduler import (
     DropSample,
     EmitGroup,
     RolloutScheduler,
-    SchedulerConfig,
     Start,
 )
 from asyncrl.rollout.workload import server_rates
@@ -60,17 +59,6 @@ DONE_CHECK_S = 1.0  # how often it looks for the run's done marker
 def sample_seed(base: int, group_seq: int, sample_index: int, n: int) -> int:
     """The generation seed of one request of sample `sample_index` of this writer's `group_seq`-th group."""
     return (base * 1_000_003 + group_seq * n + sample_index) % (2**31 - 1)
-
-
-def scheduler_config(cfg: RunConfig, num_servers: int, writer: str, incarnation: int = 0) -> SchedulerConfig:
-    ro = cfg.rollout
-    return SchedulerConfig(
-        async_ratio=ro.async_ratio, prompts_per_step=ro.prompts_per_step // ro.num_writers,
-        group_size=ro.samples_per_prompt, num_servers=num_servers, extra_samples=ro.extra_samples_per_prompt,
-        extra_groups=ro.extra_groups, routing=ro.routing, replicate=ro.replicate_prompts,
-        dynamic_filter=ro.dynamic_filter, partial_rollout=ro.partial_rollout, max_new_tokens=ro.max_new_tokens,
-        writer=writer, replace_failed=ro.replace_failed, incarnation=incarnation,
-    )
 
 
 def restart_losses(ctx: RoleContext, written_before: int) -> int:
@@ -162,7 +150,8 @@ class RolloutDriver:
         # a restarted writer (the run resumed): its groups already in S3 count toward the α bound, new group ids
         # carry the restart so they never collide with those, and the prompt stream moves on past them
         self.written_before = self.writer.next_seq
-        self.sched = RolloutScheduler(scheduler_config(cfg, len(gens), ctx.role_id, incarnation=self.written_before))
+        self.sched = RolloutScheduler(cfg.rollout.scheduler_config(len(gens), ctx.role_id,
+                                                                   incarnation=self.written_before))
         self.sched.restore_emitted(self.written_before)
         self.lost_at_restart = restart_losses(ctx, self.written_before)
         self.tasks: set[asyncio.Task] = set()

@@ -119,19 +119,23 @@ class SchedulerStats:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """The scheduler's knobs; `prompts_per_step` is this writer's share W of the batch."""
+    """The scheduler's knobs; `prompts_per_step` is this writer's share W of the batch.
 
-    async_ratio: int
-    prompts_per_step: int
-    group_size: int
-    num_servers: int
+    The one source of each knob's default: the run config's `rollout` section (`asyncrl.config.schema.RolloutConfig`)
+    and the simulator's job (`asyncrl.sim.config.SimConfig.scheduler`) take theirs from here.
+    """
+
+    async_ratio: int = 1
+    prompts_per_step: int = 8
+    group_size: int = 8
+    num_servers: int = 1
     extra_samples: int = 0
     extra_groups: int = 0
     routing: Routing = "least_tokens"
     replicate: bool = True
     dynamic_filter: bool = False
     partial_rollout: PartialRollout = "continue"
-    max_new_tokens: int = 256
+    max_new_tokens: int = 8
     writer: str = "env0"
     replace_failed: int = 0
     incarnation: int = 0  # > 0 after a restart: the groups this writer had written before it; names new group ids

@@ -1,8 +1,8 @@
 """The `asyncrl simulate` and `asyncrl plan` subcommands (argument parsing and printing only).
 
     asyncrl simulate [--preset gpu-7b|cpu-tiny] [--set key=value ...] [--json PATH] [--no-baseline]
-        keys: any SimConfig field (gpus, mode, async_ratio, train_share, prompts_per_step, group_size, steps, ...),
-        cost.<CostModel field>, workload.<kind|median|sigma|max_tokens|prompt|turns|env_median_s|reward_p|seed>
+        keys: any SimConfig field (gpus, mode, train_share, steps, ...) or rollout knob of the scheduler (async_ratio,
+        prompts_per_step, group_size, routing, ...: `SCHEDULER_KEYS`), cost.<CostModel field>, workload.<kind|median|sigma|max_tokens|prompt|turns|env_median_s|reward_p|seed>
     asyncrl plan --gpus 64 --model-size 7e9 --median-tokens 3000 --max-tokens 32768 [--json PATH]
 
 `--preset cpu-tiny` defaults to the default job (configs/default.yaml: 32 prompts × 8 samples, micro batch 256, a
@@ -37,7 +37,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     s = sub.add_parser("simulate", help="simulate one job on a virtual cluster (the real scheduler, a cost model)")
     s.add_argument("--preset", default="gpu-7b", choices=PRESETS, help="cost model preset")
     s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="SimConfig field, cost.<field> or workload.<field>; repeatable")
+                   help="SimConfig field or scheduler knob, cost.<field> or workload.<field>; "
+                   "repeatable")
     s.add_argument("--json", dest="json_path", default=None, help="write the result as JSON here")
     s.add_argument("--no-baseline", action="store_true", help="skip the run without control-plane overheads")
     s.add_argument("--calibration", default=None, help="cpu-tiny calibration file (default: "
@@ -123,7 +124,7 @@ def run_simulate(args: argparse.Namespace) -> dict[str, Any]:
     cost, notes = preset(args.preset, calibration)
     cost = cost.with_overrides(**cost_kw)
     small = args.preset == "cpu-tiny"
-    cfg = SimConfig(**(CPU_TINY_JOB if small else {})).with_overrides(**sim_kw)
+    cfg = SimConfig.of(**(CPU_TINY_JOB if small else {})).with_overrides(**sim_kw)
     wl = _workload(({"kind": "calibrated"} if small else {}) | wl_kw, 32768, calibration)
     result = simulate(cfg, cost, wl)
     row = result.to_dict()
@@ -135,13 +136,13 @@ def run_simulate(args: argparse.Namespace) -> dict[str, Any]:
           f"= {result.bound_share:.2f} of it; beta*={result.beta_star:.3f}; max async speedup "
           f"{result.max_speedup_bound:.2f}x")
     print("staleness histogram (samples):", {k: v for k, v in sorted(result.staleness_hist.items())})
-    requests = cfg.prompts_per_step * (cfg.group_size + cfg.extra_samples)
+    requests = cfg.scheduler.prompts_per_step * (cfg.scheduler.group_size + cfg.scheduler.extra_samples)
     tokens = result.extra.get("tokens_per_step", 0.0)
     budget = step_budget(cost, requests, result.servers, result.extra.get("objects_per_step", 0.0), tokens,
                          cfg.checkpoint_every)
     print(f"control-plane overheads at {requests} requests per step (seconds per step): "
           + ", ".join(f"{k} {v:.3f}" for k, v in budget.items()))
-    doc = {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()},
+    doc = {"config": cfg.flat(),
            "cost": cost.to_dict(), "cost_notes": notes, "preset": args.preset, "result": row,
            "overheads_per_step": budget}
     if not getattr(args, "no_baseline", False) and cost.without_control_plane() != cost:

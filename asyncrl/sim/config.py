@@ -5,17 +5,32 @@ trains, then the weights are re-synced. `mode="async"`: disaggregated: `train_sh
 rest serve generation (`gpus // gpus_per_server` servers), both at once. The trainer's job settings that the cost
 model needs: `micro_batch_size` (the trainer pads each micro batch to its longest sample; 0: no padding) and
 `checkpoint_every` (a checkpoint costs `checkpoint_s` every that many steps; 0: never).
+
+The rollout knobs are the scheduler's own `SchedulerConfig` (`scheduler`), with its defaults; the simulator sets
+the ones it derives (`DERIVED`: the servers from the GPUs, the longest response from the workload). `SimConfig.of`
+and `with_overrides` take them by their flat names (`async_ratio=2`, `routing="round_robin"`), as
+`asyncrl simulate --set` does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Literal
+from typing import Any, Literal
 
-from asyncrl.rollout.scheduler import PartialRollout, Routing, SchedulerConfig
+from asyncrl.rollout.scheduler import SchedulerConfig
 from asyncrl.sim.cost_model import CostModel
 
-__all__ = ["SimConfig", "Slowdown", "Failure"]
+__all__ = ["DEFAULT_JOB", "DERIVED", "SCHEDULER_KEYS", "SimConfig", "Slowdown", "Failure"]
+
+DERIVED: dict[str, str] = {
+    "num_servers": "derived from gpus, train_share and cost.gpus_per_server",
+    "max_new_tokens": "derived from the workload's longest response (workload.max_tokens)",
+    "writer": "the simulator's one writer",
+    "incarnation": "a simulated writer never restarts",
+}
+SCHEDULER_KEYS: tuple[str, ...] = tuple(f.name for f in fields(SchedulerConfig) if f.name not in DERIVED)
+DEFAULT_JOB = SchedulerConfig(prompts_per_step=16)
+"""The simulated job's rollout knobs: the scheduler's defaults, with 16 prompts per step."""
 
 
 @dataclass(frozen=True)
@@ -41,15 +56,7 @@ class SimConfig:
     gpus: int = 8
     mode: Literal["sync", "async"] = "async"
     train_share: float = 0.25
-    async_ratio: int = 1
-    prompts_per_step: int = 16
-    group_size: int = 8
-    extra_samples: int = 0
-    extra_groups: int = 0
-    routing: Routing = "least_tokens"
-    replicate: bool = True
-    dynamic_filter: bool = False
-    partial_rollout: PartialRollout = "continue"
+    scheduler: SchedulerConfig = DEFAULT_JOB
     micro_batch_size: int = 0
     checkpoint_every: int = 0
     steps: int = 8
@@ -77,7 +84,7 @@ class SimConfig:
 
     @property
     def alpha(self) -> int:
-        return 0 if self.mode == "sync" else self.async_ratio
+        return 0 if self.mode == "sync" else self.scheduler.async_ratio
 
     def train_gpus(self, cost: CostModel) -> int:
         if self.mode == "sync":
@@ -95,15 +102,36 @@ class SimConfig:
         return gen // cost.gpus_per_server
 
     def scheduler_config(self, cost: CostModel, max_new_tokens: int) -> SchedulerConfig:
-        return SchedulerConfig(async_ratio=self.alpha, prompts_per_step=self.prompts_per_step,
-                               group_size=self.group_size, num_servers=self.num_servers(cost),
-                               extra_samples=self.extra_samples, extra_groups=self.extra_groups, routing=self.routing,
-                               replicate=self.replicate, dynamic_filter=self.dynamic_filter,
-                               partial_rollout=self.partial_rollout, max_new_tokens=max_new_tokens, writer="sim")
+        """The scheduler of this run: `scheduler` with α of the mode and the derived fields."""
+        return replace(self.scheduler, async_ratio=self.alpha, num_servers=self.num_servers(cost),
+                       max_new_tokens=max_new_tokens, writer="sim", incarnation=0)
 
-    def with_overrides(self, **kw: object) -> SimConfig:
-        names = {f.name for f in fields(self)}
-        bad = sorted(set(kw) - names)
+    @classmethod
+    def of(cls, **kw: Any) -> SimConfig:
+        """A SimConfig from flat keys: its own fields and the scheduler's knobs (`SCHEDULER_KEYS`)."""
+        return cls().with_overrides(**kw)
+
+    def with_overrides(self, **kw: Any) -> SimConfig:
+        """This config with some fields changed, by flat names (own fields or `SCHEDULER_KEYS`); ValueError names an
+        unknown or derived one."""
+        own = {f.name for f in fields(self)} - {"scheduler"}
+        derived = sorted(set(kw) & set(DERIVED))
+        if derived:
+            raise ValueError("sim config: " + "; ".join(f"{k} is not set here: {DERIVED[k]}" for k in derived))
+        bad = sorted(set(kw) - own - set(SCHEDULER_KEYS))
         if bad:
-            raise ValueError(f"sim config: unknown field(s) {bad}; expected one of {sorted(names)}")
-        return replace(self, **kw)  # type: ignore[arg-type]
+            raise ValueError(f"sim config: unknown field(s) {bad}; expected one of {sorted(own | set(SCHEDULER_KEYS))}")
+        sched = {k: v for k, v in kw.items() if k in SCHEDULER_KEYS}
+        rest = {k: v for k, v in kw.items() if k in own}
+        return replace(self, **rest, scheduler=replace(self.scheduler, **sched))  # type: ignore[arg-type]
+
+    def flat(self) -> dict[str, Any]:
+        """Every field by the flat names `of`, `with_overrides` and `asyncrl simulate --set` take (tuples as lists)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == "scheduler":
+                out |= {k: getattr(self.scheduler, k) for k in SCHEDULER_KEYS}
+            else:
+                value = getattr(self, f.name)
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out

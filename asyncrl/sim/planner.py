@@ -58,8 +58,8 @@ def make_plan(req: PlanRequest) -> Plan:
     cost = scaled_for_model(base, req.model_size).with_overrides(gpus_per_server=req.gpus_per_server)
     wl = rlvr_workload(req.median_tokens, req.sigma, req.max_tokens, seed=req.seed)
     w = max(1, req.gpus * req.samples_per_gpu // req.group_size)
-    common = SimConfig(gpus=req.gpus, prompts_per_step=w, group_size=req.group_size, steps=req.steps,
-                       warmup_steps=req.warmup_steps)
+    common = SimConfig.of(gpus=req.gpus, prompts_per_step=w, group_size=req.group_size, steps=req.steps,
+                          warmup_steps=req.warmup_steps)
     rows: list[dict[str, Any]] = []
     sync = None
     for alpha in req.alphas:

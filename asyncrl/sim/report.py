@@ -106,7 +106,7 @@ def build_result(sim: FinishedRun) -> SimResult:
     lat = sim.latencies[int(w0["latencies"]):] or sim.latencies or [0.0]
     per_worker = cost.gpus_per_server
     k_workers = max(1, cfg.gpus // per_worker)
-    n = cfg.prompts_per_step * cfg.group_size
+    n = cfg.scheduler.prompts_per_step * cfg.scheduler.group_size
     mu_gen = gen_busy_s / max(1, len(lat))
     mu_train = train_busy_s * sim.train_gpus / per_worker / max(1, samples) / cost.epochs
     l_gen = max(lat)

@@ -70,7 +70,7 @@ class Simulator:
         self._samples: dict[Key, _Sample] = {}
         self._group_keys: dict[str, set[int]] = {}
         self._plans: dict[str, list[SamplePlan]] = {}
-        self._per_group = config.group_size + config.extra_samples
+        self._per_group = config.scheduler.group_size + config.scheduler.extra_samples
         self._rid: dict[str, Key] = {}  # requests on a server
         self._queued: dict[str, Key] = {}  # requests still in the control plane's queues
         self._answering: dict[str, Key] = {}  # finished requests whose answer is on its way to the environment

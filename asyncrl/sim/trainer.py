@@ -122,7 +122,7 @@ class SimTrainer:
 
     def _do_poll(self) -> None:
         self._poll_due = False
-        if len(self.queue) >= self.cfg.prompts_per_step:
+        if len(self.queue) >= self.cfg.scheduler.prompts_per_step:
             return  # the buffer is full: the thread waits for the trainer to take (`feed` polls again)
         ready = [o for o in self.objects if o[0] <= self.sim.now]
         if not ready:
@@ -148,7 +148,7 @@ class SimTrainer:
         """Collect: take buffered groups until W fresh ones are in hand, then train."""
         if self.phase != "collect":
             return
-        w = self.cfg.prompts_per_step
+        w = self.cfg.scheduler.prompts_per_step
         took = False
         while self.queue and len(self.batch) < w:
             g = self.queue.popleft()
@@ -204,7 +204,7 @@ class SimTrainer:
         self.steps.append((self._t1 - self._t0, self._t2 - self._t1, now - self._t2))
         self.batch = []
         self.k += 1
-        self.trained += self.cfg.prompts_per_step
+        self.trained += self.cfg.scheduler.prompts_per_step
         self.step_ends.append(now)
         self.phase = "book"
         self.sim.step_ended()

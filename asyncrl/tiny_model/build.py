@@ -82,8 +82,9 @@ def build_inputs(cfg: RunConfig) -> dict[str, Any]:
         return {
             "code_version": CODE_VERSION,
             "tiny": cfg.model.tiny.model_dump(mode="json"),
-            # the jsonl fields are left out so that arithmetic keys stay those of CODE_VERSION 2
-            "task": cfg.task.model_dump(mode="json", exclude={"train_path", "eval_path"}),
+            # the jsonl fields (and task.reward, which the warm start never uses) are left out so that arithmetic keys
+            # stay those of CODE_VERSION 2
+            "task": cfg.task.model_dump(mode="json", exclude={"train_path", "eval_path", "reward"}),
             "max_new_tokens": cfg.rollout.max_new_tokens,
         }
     env = cfg.env

@@ -1,4 +1,8 @@
-"""Per-token policy losses and their aggregation (docs/algorithms.md §3). Pure torch, no I/O.
+"""The policy loss of a step and its aggregation (docs/algorithms.md §3). Pure torch, no I/O.
+
+The per-token terms are the registered losses' (`asyncrl.training.loss_registry`: the built-in ones, and yours via
+`register_loss`); this module masks their inputs, aggregates them, adds the KL and entropy terms and merges the
+metrics of micro batches.
 
 Notation (all tensors [S, T], label-aligned as in `TrainBatch`): `logp` = log π_θ (with grad),
 `prox` = log π_prox (no grad), `behav` = log π_behav (the engine's log-probs), `adv` = advantage,
@@ -15,120 +19,15 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
+from asyncrl.config.loss_params import LossParams, TOPRParams, parse_loss_params
 from asyncrl.config.schema import TrainingConfig
+from asyncrl.training.loss_registry import LossInputs, TokenLoss, register_loss, token_loss_of
 
-
-@dataclass
-class TokenLoss:
-    """A per-token loss with its diagnostics (bool tensors, same shape as the loss)."""
-
-    loss: Tensor
-    weight: Tensor  # the raw importance weight of this loss, detached (before any cap)
-    clipped: Tensor  # the clip/clamp of this loss changed the token's term
-    capped: Tensor  # the importance weight was capped (or clamped)
-    dropped: Tensor  # the token was masked out by a loss option
-
-
-def _none(x: Tensor) -> Tensor:
-    return torch.zeros_like(x, dtype=torch.bool)
-
-
-def ppo_token_loss(
-    logp: Tensor, prox: Tensor, adv: Tensor, clip_low: float, clip_high: float, dual_clip: float | None = None
-) -> TokenLoss:
-    """`ℓ = −min(r·A, clip(r, 1−ε_lo, 1+ε_hi)·A)`, `r = exp(logp − prox)`.
-
-    Dual clip `c` (None = off): for A < 0, `ℓ = min(ℓ, −c·A)`. `clipped` marks tokens where the clipped
-    term is the one taken: (A > 0 and r > 1+ε_hi) or (A < 0 and r < 1−ε_lo), or where the dual clip bit.
-    """
-    ratio = torch.exp(logp - prox)
-    unclipped = -ratio * adv
-    clipped_term = -torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
-    loss = torch.maximum(unclipped, clipped_term)
-    r = ratio.detach()
-    clipped = ((adv > 0) & (r > 1.0 + clip_high)) | ((adv < 0) & (r < 1.0 - clip_low))
-    if dual_clip is not None:
-        bound = -dual_clip * adv
-        dual = (adv < 0) & (loss.detach() > bound)
-        loss = torch.where(dual, bound, loss)
-        clipped = clipped | dual
-    return TokenLoss(loss=loss, weight=r, clipped=clipped, capped=_none(r), dropped=_none(r))
-
-
-def decoupled_ppo_token_loss(
-    logp: Tensor,
-    prox: Tensor,
-    behav: Tensor,
-    adv: Tensor,
-    clip_low: float,
-    clip_high: float,
-    w_max: float,
-    w_mask: tuple[float, float] | None = None,
-    dual_clip: float | None = None,
-) -> TokenLoss:
-    """`ℓ = −sg(min(w, w_max)) · min(r·A, clip(r, 1−ε_lo, 1+ε_hi)·A)`, `w = exp(prox − behav)`.
-
-    With `w_mask = (lo, hi)` the token is dropped (ℓ = 0) when w is outside [lo, hi], and w is not capped.
-    The PPO part is `ppo_token_loss` (dual clip included when set).
-    """
-    inner = ppo_token_loss(logp, prox, adv, clip_low, clip_high, dual_clip)
-    w = torch.exp(prox - behav).detach()
-    if w_mask is not None:
-        lo, hi = w_mask
-        dropped = (w < lo) | (w > hi)
-        weight = torch.where(dropped, torch.zeros_like(w), w)
-        capped = _none(w)
-    else:
-        capped = w > w_max
-        dropped = _none(w)
-        weight = torch.clamp(w, max=w_max)
-    return TokenLoss(loss=weight * inner.loss, weight=w, clipped=inner.clipped, capped=capped, dropped=dropped)
-
-
-def tis_token_loss(logp: Tensor, behav: Tensor, adv: Tensor, cap: float) -> TokenLoss:
-    """`ℓ = −sg(clamp(exp(logp − behav), 0, c)) · A · logp` (truncated importance sampling)."""
-    ratio = torch.exp(logp - behav).detach()
-    capped = ratio > cap
-    loss = -torch.clamp(ratio, 0.0, cap) * adv * logp
-    return TokenLoss(loss=loss, weight=ratio, clipped=capped, capped=capped, dropped=_none(ratio))
-
-
-def cispo_token_loss(
-    logp: Tensor, behav: Tensor, adv: Tensor, eps_low: float, eps_high: float, unified_mask: bool = False
-) -> TokenLoss:
-    """`ℓ = −sg(clamp(exp(logp − behav), 1−ε_lo, 1+ε_hi)) · A · logp` (CISPO).
-
-    Unified mask: drop the token (ℓ = 0) where (A > 0 and ratio > 1+ε_hi) or (A < 0 and ratio < 1−ε_lo).
-    """
-    ratio = torch.exp(logp - behav).detach()
-    clamped = (ratio > 1.0 + eps_high) | (ratio < 1.0 - eps_low)
-    loss = -torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv * logp
-    if unified_mask:
-        dropped = ((adv > 0) & (ratio > 1.0 + eps_high)) | ((adv < 0) & (ratio < 1.0 - eps_low))
-        loss = torch.where(dropped, torch.zeros_like(loss), loss)
-    else:
-        dropped = _none(ratio)
-    return TokenLoss(loss=loss, weight=ratio, clipped=clamped, capped=clamped, dropped=dropped)
-
-
-def topr_token_loss(
-    logp: Tensor, behav: Tensor, adv: Tensor, positive: Tensor, pos_weight: float, neg_weight: float
-) -> TokenLoss:
-    """Tapered off-policy REINFORCE.
-
-    Positive samples (reward > 0): `ℓ = −w⁺ · A · logp`; the rest:
-    `ℓ = −w⁻ · sg(clamp(exp(logp − behav), 0, 1)) · A · logp`.
-    """
-    ratio = torch.exp(logp - behav).detach()
-    neg_w = torch.clamp(ratio, 0.0, 1.0)
-    coef = torch.where(positive, torch.full_like(ratio, pos_weight), neg_weight * neg_w)
-    capped = (~positive) & (ratio > 1.0)
-    return TokenLoss(loss=-coef * adv * logp, weight=ratio, clipped=capped, capped=capped, dropped=_none(ratio))
+__all__ = ["LossInputs", "LossParams", "TokenLoss", "aggregate", "kl_k3", "merge_metrics", "per_token_loss",
+           "policy_loss", "register_loss"]
 
 
 def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
@@ -153,50 +52,6 @@ def aggregate(token_loss: Tensor, mask: Tensor, mode: str, denom: float | None =
         d = denom if denom is not None else (lengths > 0).sum().clamp(min=1)
         return per_seq.sum() / d
     raise ValueError(f"training.aggregation: expected 'seq-mean-token-mean' or 'token-mean', got {mode!r}")
-
-
-# The knobs of each variant, by their docs/algorithms.md names, with their defaults.
-LOSS_PARAMS: dict[str, dict[str, object]] = {
-    "ppo": {"clip_low": 0.2, "clip_high": 0.2, "dual_clip": None},
-    "decoupled_ppo": {"clip_low": 0.2, "clip_high": 0.2, "dual_clip": None, "w_max": 2.0, "w_mask": None},
-    "tis": {"tis_cap": 2.0},
-    "cispo": {"eps_low": 0.1, "eps_high": 0.1, "unified_mask": False},
-    "topr": {"pos_weight": 1.0, "neg_weight": 1.0},
-}
-
-
-def loss_params(cfg: TrainingConfig) -> dict[str, object]:
-    """The knobs of `cfg.loss` from the run config, by their docs/algorithms.md names."""
-    every = {
-        "clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "dual_clip": cfg.dual_clip, "w_max": cfg.w_max,
-        "w_mask": cfg.w_mask, "tis_cap": cfg.tis_cap, "eps_low": cfg.cispo_eps_low, "eps_high": cfg.cispo_eps_high,
-        "unified_mask": cfg.cispo_unified_mask, "pos_weight": cfg.topr_pos_weight, "neg_weight": cfg.topr_neg_weight,
-    }
-    return {k: every[k] for k in LOSS_PARAMS[cfg.loss]}
-
-
-def variant_token_loss(
-    variant: str, logp: Tensor, prox: Tensor, behav: Tensor, adv: Tensor, positive: Tensor, **params: object
-) -> TokenLoss:
-    """ℓ_t of `variant` with its diagnostics, on every position (callers mask). `positive` [S, T] bool marks tokens of
-    samples with reward > 0 (topr). `params` must be knobs of `variant` (see `LOSS_PARAMS`); the rest default."""
-    if variant not in LOSS_PARAMS:
-        raise ValueError(f"loss variant: expected one of {sorted(LOSS_PARAMS)}, got {variant!r}")
-    unknown = sorted(set(params) - set(LOSS_PARAMS[variant]))
-    if unknown:
-        raise ValueError(f"loss {variant!r}: unknown parameter(s) {unknown}; it takes {sorted(LOSS_PARAMS[variant])}")
-    p: dict = {**LOSS_PARAMS[variant], **params}
-    if variant == "ppo":
-        return ppo_token_loss(logp, prox, adv, p["clip_low"], p["clip_high"], p["dual_clip"])
-    if variant == "decoupled_ppo":
-        return decoupled_ppo_token_loss(
-            logp, prox, behav, adv, p["clip_low"], p["clip_high"], p["w_max"], p["w_mask"], p["dual_clip"]
-        )
-    if variant == "tis":
-        return tis_token_loss(logp, behav, adv, p["tis_cap"])
-    if variant == "cispo":
-        return cispo_token_loss(logp, behav, adv, p["eps_low"], p["eps_high"], p["unified_mask"])
-    return topr_token_loss(logp, behav, adv, positive, p["pos_weight"], p["neg_weight"])
 
 
 def _masked_inputs(caller: str, logp: Tensor, **others: Tensor) -> tuple[Tensor, ...]:
@@ -225,13 +80,16 @@ def per_token_loss(
 ) -> Tensor:
     """ℓ_t of the policy loss `variant` for every token, 0 where `mask` is 0, before aggregation (public API).
 
-    `logp` carries the gradient; `prox_logp`, `behav_logp` and `advantages` are detached here, and every importance
-    weight is a stop-gradient, so gradients flow only through the `logp` (and r) terms of docs/algorithms.md §3.
-    `rewards` is the sample's reward broadcast to its tokens (same shape as `logp`; topr splits on reward > 0,
-    required for topr). `params` are the variant's knobs by their docs/algorithms.md names (`LOSS_PARAMS`); an unknown
-    name is an error. Masked positions may hold anything (inf, nan): they never reach the loss or its gradient.
+    `variant` is a registered loss name (or `package.module:name`). `logp` carries the gradient; `prox_logp`,
+    `behav_logp` and `advantages` are detached here, and every importance weight is a stop-gradient, so gradients
+    flow only through the `logp` (and r) terms of docs/algorithms.md §3. `rewards` is the sample's reward broadcast to
+    its tokens (same shape as `logp`; topr splits on reward > 0, required for topr). `params` are the loss's
+    parameters by their names in its class (`asyncrl.config.loss_params`); the rest take the class's defaults, an
+    unknown name is an error. Masked positions may hold anything (inf, nan): they never reach the loss or its
+    gradient.
     """
-    if variant == "topr" and rewards is None:
+    p = parse_loss_params(variant, params, "per_token_loss")
+    if isinstance(p, TOPRParams) and rewards is None:
         raise ValueError("per_token_loss: topr needs rewards (the sample's reward broadcast to its tokens)")
     if rewards is not None and rewards.shape != logp.shape:
         raise ValueError(f"per_token_loss: rewards expected shape {tuple(logp.shape)}, got {tuple(rewards.shape)}")
@@ -239,7 +97,7 @@ def per_token_loss(
         "per_token_loss", logp, prox_logp=prox_logp, behav_logp=behav_logp, advantages=advantages, mask=mask
     )
     positive = (rewards > 0) & m if rewards is not None else torch.zeros_like(m)
-    tok = variant_token_loss(variant, logp, prox, behav, adv, positive, **params)
+    tok = token_loss_of(p, LossInputs(logp=logp, prox=prox, behav=behav, adv=adv, positive=positive))
     return torch.where(m, tok.loss, zero)
 
 
@@ -258,7 +116,8 @@ def policy_loss(
     ent_mask: Tensor | None = None,
     ent_coef: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """The loss of `cfg.loss`: `agg(ℓ_t·m_t) + kl_coef·agg(KL_k3) − ent_coef·agg(H_t)`, and its metrics.
+    """The loss of `cfg.loss` with `cfg.loss_params`, `agg(ℓ_t·m_t) + kl_coef·agg(KL_k3) − ent_coef·agg(H_t)`, and
+    its metrics.
 
     `ent_mask` [S, T] (AsyPPO's entropy filter) keeps the bonus only where it is 1, and `ent_coef` overrides
     `cfg.ent_coef`. All per-token tensors are [S, T]; `rewards` is per sample [S] or per token [S, T] (topr splits
@@ -270,7 +129,7 @@ def policy_loss(
     shape = logp.shape
     m, zero, logp, prox, behav, adv = _masked_inputs("policy_loss", logp, prox=prox, behav=behav, adv=adv, mask=mask)
     positive = (rewards > 0) if rewards.dim() == 2 else (rewards > 0).unsqueeze(-1).expand(shape)
-    tok = variant_token_loss(cfg.loss, logp, prox, behav, adv, positive, **loss_params(cfg))
+    tok = token_loss_of(cfg.loss_params, LossInputs(logp=logp, prox=prox, behav=behav, adv=adv, positive=positive))
     denom = num_tokens if cfg.aggregation == "token-mean" else num_samples
     pg = aggregate(tok.loss, m, cfg.aggregation, denom)
     loss = pg

@@ -8,6 +8,7 @@ raw engine's measured mean, or the task's longest prompt without it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 
@@ -25,13 +26,12 @@ def simulate_job(cfg: Any, raw: dict[str, Any] | None, steps: int) -> dict[str, 
         resp = max(1, round(raw["mean_response_tokens"])) if raw and raw.get("mean_response_tokens") else ro.max_new_tokens
         wl = Workload(response_tokens=Dist("fixed", resp, lo=1, hi=resp), prompt_tokens=Dist("fixed", prompt))
         workload = {"kind": "fixed", "median": resp, "prompt": prompt}
-    sim_cfg = {"gpus": 2, "train_share": 0.5, "mode": ro.mode, "async_ratio": ro.async_ratio,
-               "prompts_per_step": ro.prompts_per_step, "group_size": ro.samples_per_prompt,
-               "extra_samples": ro.extra_samples_per_prompt, "extra_groups": ro.extra_groups,
-               "routing": ro.routing, "replicate": ro.replicate_prompts, "dynamic_filter": ro.dynamic_filter,
-               "partial_rollout": ro.partial_rollout, "steps": max(steps, 12), "warmup_steps": 1,
-               "micro_batch_size": cfg.training.micro_batch_size, "checkpoint_every": cfg.training.checkpoint_every}
-    result = simulate(SimConfig(**sim_cfg), cost, wl).to_dict()
+    # the run's rollout knobs, mapped once (RolloutConfig.scheduler_config); the simulated job has one writer
+    sched = replace(ro.scheduler_config(num_servers=1, writer="sim"), prompts_per_step=ro.prompts_per_step)
+    sim = SimConfig(gpus=2, train_share=0.5, mode=ro.mode, scheduler=sched, steps=max(steps, 12), warmup_steps=1,
+                    micro_batch_size=cfg.training.micro_batch_size, checkpoint_every=cfg.training.checkpoint_every)
+    sim_cfg = {k: v for k, v in sim.flat().items() if k not in ("slowdowns", "failures")}  # what --set can give
+    result = simulate(sim, cost, wl).to_dict()
     cli = ("asyncrl simulate --preset cpu-tiny " + " ".join(f"--set {k}={v}" for k, v in sim_cfg.items())
            + " " + " ".join(f"--set workload.{k}={v}" for k, v in workload.items()))
     return {"samples_per_s": result["samples_per_s"], "tokens_per_s": result["tokens_per_s"],

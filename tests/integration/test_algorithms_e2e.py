@@ -30,10 +30,10 @@ REWARD_TOKEN = 7  # reward 1 when the response contains this token
 CREDIT = {"scaling": "coupled", "window": 3, "fai_h_lo": 1, "fai_h_hi": 6}
 
 VARIANTS: dict[str, dict] = {
-    "ppo_dual_clip": {"loss": "ppo", "dual_clip": 3.0, "ent_coef": 0.01},
-    "decoupled_ppo": {"loss": "decoupled_ppo", "w_max": 1.5},
+    "ppo_dual_clip": {"loss": "ppo", "loss_params": {"dual_clip": 3.0}, "ent_coef": 0.01},
+    "decoupled_ppo": {"loss": "decoupled_ppo", "loss_params": {"w_max": 1.5}},
     "tis": {"loss": "tis", "kl_coef": 0.05},
-    "cispo_unified": {"loss": "cispo", "cispo_unified_mask": True, "aggregation": "token-mean"},
+    "cispo_unified": {"loss": "cispo", "loss_params": {"unified_mask": True}, "aggregation": "token-mean"},
     "topr": {"loss": "topr"},
     "gae_critic": {"loss": "decoupled_ppo", "advantage": "gae", "lam": 0.9},
     "asyppo": {"loss": "decoupled_ppo", "advantage": "gae", "asyppo": {}, "critic": {"warmup_steps": 1}},

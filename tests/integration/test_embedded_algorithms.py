@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3
 OVERRIDES = [
     "generation.num_servers=1", f"training.steps={STEPS}", "training.checkpoint_every=2", "training.loss=cispo",
-    "training.cispo_eps_high=4.0", "training.advantage=gae", "training.asyppo={}", "training.critic.warmup_steps=1",
+    "training.loss_params.eps_high=4.0", "training.advantage=gae", "training.asyppo={}", "training.critic.warmup_steps=1",
     'training.attention_credit={"scaling":"coupled","window":3,"fai_h_lo":1,"fai_h_hi":6}', "eval_before_after=false",
 ]
 

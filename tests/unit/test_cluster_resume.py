@@ -38,13 +38,13 @@ def test_steps_may_grow():
 
 def test_every_other_difference_is_named_with_both_values():
     stored = resolve_config("", ["training.steps=5", "rollout.async_ratio=2"], "old").model_dump(mode="json")
-    given = resolve_config("", ["training.steps=3", "rollout.async_ratio=1", "training.loss=cispo"], "old")
+    given = resolve_config("", ["training.steps=3", "rollout.async_ratio=1", "training.loss_params.w_max=1.5"], "old")
     with pytest.raises(ResumeError) as err:
         resumable_config(stored, given, "s3://b/runs/old/config.json")
     msg = str(err.value)
     assert msg.startswith("run old: the configuration given differs from the stored s3://b/runs/old/config.json in "
-                          "3 field(s): rollout.async_ratio (stored 2, given 1); training.loss (stored "
-                          "'decoupled_ppo', given 'cispo'); training.steps (stored 5, given 3: it may only grow)")
+                          "3 field(s): rollout.async_ratio (stored 2, given 1); training.loss_params.w_max (stored "
+                          "2.0, given 1.5); training.steps (stored 5, given 3: it may only grow)")
 
 
 def test_steps_growth_that_changes_the_critics_warmup_is_refused():

@@ -21,10 +21,10 @@ def test_defaults_are_valid():
 
 def test_override_types(tmp_path):
     cfg = load_config(write(tmp_path, "rollout:\n  async_ratio: 2\n"),
-                      ["training.lr=0.001", "training.zero_stage=3", "training.w_mask=[0.5, 2.0]", "name=exp-1"])
+                      ["training.lr=0.001", "training.zero_stage=3", "training.loss_params.w_mask=[0.5, 2.0]", "name=exp-1"])
     assert cfg.rollout.async_ratio == 2
     assert cfg.training.lr == 0.001 and cfg.training.zero_stage == 3
-    assert cfg.training.w_mask == (0.5, 2.0) and cfg.name == "exp-1"
+    assert cfg.training.loss_params.w_mask == (0.5, 2.0) and cfg.name == "exp-1"
 
 
 @pytest.mark.parametrize(
@@ -38,7 +38,11 @@ def test_override_types(tmp_path):
         ("training.micro_batch_size=128", "expected <= rollout.prompts_per_step * rollout.samples_per_prompt = 64"),
         ("rollout.samples_per_prompt=1", "rollout.samples_per_prompt: expected >= 2"),
         ("generation.max_model_len=17", "generation.max_model_len: expected >= longest prompt"),
-        ("training.w_mask=[2, 3]", "training.w_mask: expected [lo, hi] with 0 <= lo < 1 < hi"),
+        ("training.loss_params.w_mask=[2, 3]", "training.loss_params.w_mask: expected [lo, hi] with 0 <= lo < 1 < hi"),
+        ("training.cispo_eps_high=4", "training.cispo_eps_high: moved to training.loss_params.eps_high"),
+        ("training.loss_params.eps_high=4", "training.loss_params.eps_high: unknown parameter of loss 'decoupled_ppo'"),
+        ("training.loss_params.tis_cap=0", "training.loss_params.tis_cap: unknown parameter"),
+        ("training.loss=no_such_module:my_loss", "training.loss: loss 'no_such_module:my_loss': cannot import module"),
         ("storage.bucket=Bad_Bucket", "storage.bucket: String should match pattern"),
         ("rollout.num_writers=3", "rollout.num_writers: expected a divisor of rollout.prompts_per_step (8), got 3"),
     ],

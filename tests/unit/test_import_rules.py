@@ -26,7 +26,7 @@ LONG_FILES: dict[str, str] = {
 ONLY: dict[str, set[str]] = {
     "asyncrl.rollout": {"asyncrl.types"},
     "asyncrl.sim": {"asyncrl.rollout", "asyncrl.types"},
-    "asyncrl.envs": {"asyncrl.sandbox", "asyncrl.secret_names", "asyncrl.transport"},
+    "asyncrl.envs": {"asyncrl.plugins", "asyncrl.sandbox", "asyncrl.secret_names", "asyncrl.transport"},
 }
 # The training package computes; only roles wire it to transport (S3, weight sync).
 NEVER: dict[str, set[str]] = {

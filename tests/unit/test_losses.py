@@ -45,7 +45,7 @@ def test_ppo_dual_clip() -> None:
     # r = 1, A = -1: ℓ = 1 < 3 untouched. token-mean = (3 + 1) / 2 = 2.
     prox = _t(-2.0, -2.0)
     logp = prox + _t(LN(5.0), 0.0)
-    loss, m, grad = _run(TrainingConfig(loss="ppo", dual_clip=3.0), logp, prox, prox, _t(-1.0, -1.0))
+    loss, m, grad = _run(TrainingConfig(loss="ppo", loss_params={"dual_clip": 3.0}), logp, prox, prox, _t(-1.0, -1.0))
     assert loss == pytest.approx(2.0, abs=1e-6)
     assert torch.allclose(grad, _t(0.0, 0.5), atol=1e-6)  # t1: dℓ/dlogp = -r·A / 2 = 0.5
     assert m["clip_fraction"] == pytest.approx(0.5)
@@ -57,14 +57,14 @@ def test_decoupled_ppo_cap_and_mask() -> None:
     prox = _t(-1.0, -1.0, -1.0)
     behav = prox - _t(LN(3.0), LN(0.5), 0.0)
     adv = _t(1.0, 1.0, -2.0)
-    loss, m, grad = _run(TrainingConfig(loss="decoupled_ppo", w_max=2.0), prox, prox, behav, adv)
+    loss, m, grad = _run(TrainingConfig(loss="decoupled_ppo", loss_params={"w_max": 2.0}), prox, prox, behav, adv)
     assert loss == pytest.approx(-0.5 / 3, abs=1e-6)
     assert torch.allclose(grad, _t(-2 / 3, -0.5 / 3, 2 / 3), atol=1e-6)  # -sg(w)·r·A / 3
     assert m["capped_fraction"] == pytest.approx(1 / 3)
     assert m["iw_mean"] == pytest.approx(1.5, abs=1e-6) and m["iw_max"] == pytest.approx(3.0, abs=1e-5)
     assert m["behav_prox_abs_diff"] == pytest.approx((LN(3.0) + LN(2.0)) / 3, abs=1e-6)
     # mask [0.6, 2.5]: w = 3 and w = 0.5 are dropped; ℓ = [0, 0, 2]; the denominator stays 3.
-    cfg = TrainingConfig(loss="decoupled_ppo", w_mask=(0.6, 2.5))
+    cfg = TrainingConfig(loss="decoupled_ppo", loss_params={"w_mask": (0.6, 2.5)})
     loss, m, _ = _run(cfg, prox, prox, behav, adv)
     assert loss == pytest.approx(2 / 3, abs=1e-6)
     assert m["masked_fraction"] == pytest.approx(2 / 3) and m["capped_fraction"] == 0.0
@@ -75,7 +75,7 @@ def test_tis() -> None:
     # ℓ = -w·A·logp = [1, 0.5, 2]; token-mean = 3.5/3; grad = -w·A/3 = [-2/3, -1/6, -1/3].
     logp = _t(-0.5, -1.0, -2.0)
     behav = logp - _t(LN(3.0), LN(0.5), 0.0)
-    loss, m, grad = _run(TrainingConfig(loss="tis", tis_cap=2.0), logp, logp, behav, _t(1.0, 1.0, 1.0))
+    loss, m, grad = _run(TrainingConfig(loss="tis", loss_params={"tis_cap": 2.0}), logp, logp, behav, _t(1.0, 1.0, 1.0))
     assert loss == pytest.approx(3.5 / 3, abs=1e-6)
     assert torch.allclose(grad, _t(-2 / 3, -1 / 6, -1 / 3), atol=1e-6)
     assert m["capped_fraction"] == pytest.approx(1 / 3)
@@ -91,7 +91,7 @@ def test_cispo_and_unified_mask() -> None:
     assert loss == pytest.approx(-0.175 / 3, abs=1e-6)
     assert m["clip_fraction"] == pytest.approx(2 / 3)
     # unified mask drops t0 (A > 0, ratio > 1.1) and t1 (A < 0, ratio < 0.9): loss = 0.525 / 3
-    loss, m, grad = _run(TrainingConfig(loss="cispo", cispo_unified_mask=True), logp, logp, behav, adv)
+    loss, m, grad = _run(TrainingConfig(loss="cispo", loss_params={"unified_mask": True}), logp, logp, behav, adv)
     assert loss == pytest.approx(0.525 / 3, abs=1e-6)
     assert torch.allclose(grad, _t(0.0, 0.0, -1.05 / 3), atol=1e-6)
     assert m["masked_fraction"] == pytest.approx(2 / 3)
@@ -110,7 +110,7 @@ def test_topr_positive_and_negative() -> None:
     assert torch.allclose(grad, torch.tensor([[-0.25, -0.25], [0.25, 0.125]]), atol=1e-6)
     assert m["capped_fraction"] == pytest.approx(0.25)  # only sample 1 token 0 (ratio 3 > 1)
     # weights: w⁺ = 2 doubles the positive part: (1.5 - 1.25) / 2 = 0.125
-    loss, _, _ = _run(TrainingConfig(loss="topr", topr_pos_weight=2.0), logp, logp, behav, adv, rewards=torch.tensor([1.0, 0.0]))
+    loss, _, _ = _run(TrainingConfig(loss="topr", loss_params={"pos_weight": 2.0}), logp, logp, behav, adv, rewards=torch.tensor([1.0, 0.0]))
     assert loss == pytest.approx(0.125, abs=1e-6)
 
 

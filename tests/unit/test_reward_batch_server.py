@@ -138,19 +138,16 @@ def test_a_full_batch_of_the_largest_size_is_served() -> None:
     assert [x["reward"] for x in r.json()["results"]] == [1.0 if i % 3 == 2 else 0.0 for i in range(MAX_BATCH_ITEMS)]
 
 
-def test_a_verifier_bug_fails_only_its_item(monkeypatch) -> None:
-    import asyncrl.roles.reward as reward_role
+def test_a_verifier_bug_fails_only_its_item() -> None:
+    from asyncrl.rewards.custom import builtin_scorer
 
-    real = reward_role.score
-
-    def flaky(task: str, response: str, answer: str) -> tuple[float, dict[str, Any]]:
+    def flaky(task: str, prompt: str, response: str, answer: str) -> tuple[float, dict[str, Any]]:
         if response == "boom":
             raise KeyError("a verifier bug")
-        return real(task, response, answer)
+        return builtin_scorer(task, prompt, response, answer)
 
-    monkeypatch.setattr(reward_role, "score", flaky)
     stats: dict[str, int] = {}
-    app = create_app(stats, token=TOKEN)
+    app = create_app(stats, token=TOKEN, scorer=flaky)
     r = _calls(app, ("POST", "/score_batch", {"json": {"items": [_item(), _item("boom"), _item()]}, "headers": AUTH}))[0]
     results = r.json()["results"]
     assert r.status_code == 200 and [x.get("reward") for x in results] == [1.0, None, 1.0]

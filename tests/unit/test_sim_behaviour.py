@@ -10,7 +10,7 @@ TAIL = rlvr_workload(median=2000, sigma=1.2, max_tokens=32768, seed=3)
 
 
 def _cfg(**kw) -> SimConfig:
-    return SimConfig(**({"gpus": 8, "prompts_per_step": 8, "group_size": 4, "steps": 6, "warmup_steps": 2} | kw))
+    return SimConfig.of(**({"gpus": 8, "prompts_per_step": 8, "group_size": 4, "steps": 6, "warmup_steps": 2} | kw))
 
 
 def test_async_beats_sync_on_a_long_tail():

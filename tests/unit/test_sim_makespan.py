@@ -41,7 +41,7 @@ def test_two_synchronous_steps_by_hand(max_seqs, end):
     other (max_seqs 1); training 2 × (4 + 10) × 0.01 = 0.28 s; weight sync 0.2 s; servers paused meanwhile.
     Two steps: 2 × (1.0 + 0.28 + 0.2) = 2.96 s, or 2 × (2.0 + 0.48) = 4.96 s."""
     wl = Workload(response_tokens=Dist("fixed", 10, lo=1, hi=10), prompt_tokens=Dist("fixed", 4))
-    cfg = SimConfig(gpus=1, mode="sync", prompts_per_step=1, group_size=2, steps=2, warmup_steps=0, check_every=1)
+    cfg = SimConfig.of(gpus=1, mode="sync", prompts_per_step=1, group_size=2, steps=2, warmup_steps=0, check_every=1)
     r = simulate(cfg, _cost(max_seqs=max_seqs), wl)
     assert r.sim_time_s == pytest.approx(end, abs=1e-9)
     assert r.mean_step_s == pytest.approx(end / 2, abs=1e-9)

@@ -113,7 +113,7 @@ def test_one_sample_path_through_the_control_plane_by_hand():
     cost = _cost(request_s=0.03, train_fixed_s=0.05, env_s=0.01, frontend_s=0.02, http_call_s=0.04, score_call_s=0.05,
                  group_put_s=0.015, group_get_s=0.012, poll_backoff_s=0.1, poll_backoff_cap_s=0.2, version_poll_s=0.1,
                  publish_s=0.08, log_s=0.07)
-    cfg = SimConfig(gpus=1, mode="sync", prompts_per_step=1, group_size=2, steps=2, warmup_steps=1, check_every=1)
+    cfg = SimConfig.of(gpus=1, mode="sync", prompts_per_step=1, group_size=2, steps=2, warmup_steps=1, check_every=1)
     sim = Simulator(cfg, cost, WL)
     r = sim.run()
     assert sim.trainer.step_ends == pytest.approx([1.842, 3.754], abs=1e-9)
@@ -131,8 +131,8 @@ def test_cpu_sharing_by_hand():
     1.48 (step 1 ends), it finishes the other 8.1333 steps at 2.29333; B trains 2.29333-2.57333 (C decoding),
     the sync ends step 2 at 2.77333."""
     cost = _cost(max_seqs=1, corun_train_factor=2.0, corun_decode_factor=1.5)
-    cfg = SimConfig(gpus=2, train_share=0.5, mode="async", async_ratio=1, prompts_per_step=1, group_size=1, steps=2,
-                    warmup_steps=0, check_every=1)
+    cfg = SimConfig.of(gpus=2, train_share=0.5, mode="async", async_ratio=1, prompts_per_step=1, group_size=1, steps=2,
+                       warmup_steps=0, check_every=1)
     sim = Simulator(cfg, cost, WL)
     r = sim.run()
     end_b = 1.48 + (10 - 0.28 / 0.15) * 0.1
