@@ -122,10 +122,19 @@ def run_job(name: str, args: argparse.Namespace, work: Path, runs_dir: Path) -> 
         "e2e_vs_trl": ratio(e2e_sps, figure(trl, "samples_per_s")),
         "e2e_vs_own_limit": ratio(e2e_sps, figure(limit, "samples_per_s")),
         "real_vs_sim": ratio(e2e_sps, figure(sim, "samples_per_s")),
+        "control_plane_beyond_vllm_client_ms_per_sample": _beyond_client(e2e, raw),
         "e2e_generated_tokens_vs_raw_engine": ratio(figure((e2e or {}).get("mlflow"), "generated_tokens_per_s"),
                                                      figure(raw, "tokens_per_s")),
     }
     return res
+
+
+def _beyond_client(e2e: dict[str, Any] | None, raw: dict[str, Any] | None) -> float | None:
+    """The control plane's CPU per trained sample less vLLM's own client work per sample (measured in-process in the
+    raw engine part): what asyncrl itself adds over any front end of the same engine."""
+    cp = figure((e2e or {}).get("control_plane"), "control_plane_ms_per_sample")
+    client = figure(raw, "client_cpu_s_per_sample")
+    return cp - 1e3 * client if cp is not None and client is not None else None
 
 
 def _report(job: str, part: str, res: dict[str, Any] | None, *keys: str) -> None:
@@ -175,6 +184,12 @@ def print_tables(jobs: dict[str, dict[str, Any]]) -> None:
               + _f(cp.get("control_plane_ms_per_sample"), 10, 3)
               + (_f(share, 10, 3) if share is not None else f"{'n/m':>10}")
               + _f(figure(j.get("trainer_idle"), "cpu_share"), 10, 3))
+    print("\nof which vLLM's own client work (the raw engine's in-process CPU per sample, paid by any front end of the "
+          "engine), and the control plane beyond it")
+    for name, j in jobs.items():
+        client = figure(j["raw_engine"], "client_cpu_s_per_sample")
+        print(f"{name:<10}vLLM client {_f(1e3 * client if client is not None else None, 7, 3)} ms  beyond it "
+              f"{_f(j['ratios'].get('control_plane_beyond_vllm_client_ms_per_sample'), 7, 3)} ms")
 
 
 def versions() -> dict[str, str | None]:

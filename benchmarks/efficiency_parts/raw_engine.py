@@ -124,19 +124,23 @@ def main() -> None:
     start_s = time.monotonic() - t0
     tail = ro.length_tail is not None
 
+    client_cpu = [0.0]  # this process's CPU inside llm.generate: vLLM's own client side (inputs, outputs, logprobs)
+
     def run(batch: list[dict[str, Any]]) -> tuple[float, list[Any]]:
         params = [SamplingParams(n=1, max_tokens=r["budget"], temperature=ro.temperature, top_p=ro.top_p,
                                  seed=r["seed"], stop_token_ids=[] if tail else [eos], ignore_eos=tail, logprobs=0,
                                  detokenize=False, skip_clone=True) for r in batch]
         prompts = [{"prompt_token_ids": r["prompt_ids"]} for r in batch]
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         outs = llm.generate(prompts, params, use_tqdm=False)
+        client_cpu[0] += time.process_time() - c
         return time.perf_counter() - t, outs
 
     warm_s, _ = run(batches[0])
     print(f"raw engine: started in {start_s:.1f} s, warm-up batch {warm_s:.2f} s", flush=True)
     rows, dump = [], []
     cpu0 = cpu_of_tree()
+    client_cpu[0] = 0.0
     for k, batch in enumerate(batches[1:]):
         wall, outs = run(batch)
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
@@ -166,6 +170,9 @@ def main() -> None:
         "samples_per_s": samples / wall, "tokens_per_s": tokens / wall,
         "mean_response_tokens": tokens / samples, "mean_prompt_tokens": sum(r["prompt_tokens"] for r in rows) / samples,
         "cpu_s_per_sample": cpu_s / samples, "cpu_share": cpu_s / wall,
+        # the engine's own client work (input processing, output and logprob processing) outside its core process:
+        # the part of a generation server front end's CPU that any front end of this engine pays
+        "client_cpu_s_per_sample": client_cpu[0] / samples,
         "reward_mean_first_batch": sum(d["reward"] for d in dump) / max(1, len(dump)),
     }
     if spec.get("batch_out"):
