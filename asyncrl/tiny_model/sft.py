@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -113,37 +113,35 @@ def run_sft(
         raise ValueError("train: expected at least one training problem")
     started = time.monotonic()
     ids, labels = encode_examples(tok, train)
-    pad = int(tok.pad_token_id)
+
+    def evaluate(m: PreTrainedModel) -> float:
+        return evaluate_accuracy(m, tok, eval_problems, max_new_tokens).accuracy
+
+    return sft_loop(model, ids, labels, int(tok.pad_token_id), cfg, evaluate, "accuracy", started, eval_every)
+
+
+def sft_loop(model: PreTrainedModel, ids: torch.Tensor, labels: torch.Tensor, pad: int, cfg: TinyModelConfig,
+             evaluate: Callable[[PreTrainedModel], float], metric: str, started: float, eval_every: int = 25) -> SftResult:
+    """Train in place (`sft_step`) until `evaluate(model)` (greedy dev accuracy, or success rate, in [0, 1]) reaches
+    cfg.sft_target_accuracy, checked every `eval_every` steps and at the last, or cfg.sft_steps steps were taken.
+    The history records `metric` under that name; the result's `accuracy` is the last figure."""
     gen = torch.Generator().manual_seed(cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0, betas=(0.9, 0.98))
     history: list[dict[str, float]] = []
-    accuracy, loss_value, step = 0.0, float("nan"), 0
+    figure, loss_value, step = 0.0, float("nan"), 0
     model.train()
     if cfg.sft_steps == 0:
-        accuracy = evaluate_accuracy(model, tok, eval_problems, max_new_tokens).accuracy
+        figure = float(evaluate(model))
     for step in range(1, cfg.sft_steps + 1):
         loss_value = sft_step(model, opt, gen, ids, labels, pad, step, cfg)
         if step % eval_every == 0 or step == cfg.sft_steps:
-            accuracy = evaluate_accuracy(model, tok, eval_problems, max_new_tokens).accuracy
+            figure = float(evaluate(model))
             elapsed = time.monotonic() - started
-            history.append({"step": step, "loss": loss_value, "accuracy": accuracy, "seconds": elapsed})
-            log.info(
-                "sft step %d/%d loss %.4f dev accuracy %.3f (%.1fs)",
-                step,
-                cfg.sft_steps,
-                loss_value,
-                accuracy,
-                elapsed,
-            )
-            if accuracy >= cfg.sft_target_accuracy:
+            history.append({"step": step, "loss": loss_value, metric: figure, "seconds": elapsed})
+            log.info("sft step %d/%d loss %.4f dev %s %.3f (%.1fs)", step, cfg.sft_steps, loss_value, metric, figure,
+                     elapsed)
+            if figure >= cfg.sft_target_accuracy:
                 break
     model.eval()
-    seconds = time.monotonic() - started
-    return SftResult(
-        steps=step,
-        final_loss=loss_value,
-        accuracy=accuracy,
-        seconds=seconds,
-        reached_target=accuracy >= cfg.sft_target_accuracy,
-        history=history,
-    )
+    return SftResult(steps=step, final_loss=loss_value, accuracy=figure, seconds=time.monotonic() - started,
+                     reached_target=figure >= cfg.sft_target_accuracy, history=history)

@@ -32,7 +32,7 @@ from asyncrl.config.schema import TinyModelConfig
 from asyncrl.envs import make
 from asyncrl.models.tokenizer import chat_ids, decode_response
 from asyncrl.tiny_model.evaluate import greedy_generate
-from asyncrl.tiny_model.sft import IGNORE, SftResult, sft_step
+from asyncrl.tiny_model.sft import IGNORE, SftResult, sft_loop
 
 log = logging.getLogger(__name__)
 
@@ -147,30 +147,4 @@ def run_agentic_sft(
     cfg.sft_target_accuracy or cfg.sft_steps steps were taken. `accuracy` of the result is that success rate."""
     started = time.monotonic()
     ids, labels = encode_demos(tok, demos, max_positions)
-    pad = int(tok.pad_token_id)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.sft_lr, weight_decay=0.0, betas=(0.9, 0.98))
-    history: list[dict[str, float]] = []
-    rate, loss_value, step = 0.0, float("nan"), 0
-    model.train()
-    if cfg.sft_steps == 0:
-        rate = float(evaluate(model))
-    for step in range(1, cfg.sft_steps + 1):
-        loss_value = sft_step(model, opt, gen, ids, labels, pad, step, cfg)
-        if step % eval_every == 0 or step == cfg.sft_steps:
-            rate = float(evaluate(model))
-            elapsed = time.monotonic() - started
-            history.append({"step": step, "loss": loss_value, "success_rate": rate, "seconds": elapsed})
-            log.info("agentic sft step %d/%d loss %.4f dev success %.3f (%.1fs)", step, cfg.sft_steps, loss_value,
-                     rate, elapsed)
-            if rate >= cfg.sft_target_accuracy:
-                break
-    model.eval()
-    return SftResult(
-        steps=step,
-        final_loss=loss_value,
-        accuracy=rate,
-        seconds=time.monotonic() - started,
-        reached_target=rate >= cfg.sft_target_accuracy,
-        history=history,
-    )
+    return sft_loop(model, ids, labels, int(tok.pad_token_id), cfg, evaluate, "success_rate", started, eval_every)
