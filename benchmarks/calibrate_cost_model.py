@@ -235,7 +235,7 @@ def measure_server(model: str, trainer: Trainer) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from asyncrl.generation.client import GenerationClient
-    from asyncrl.transport.weight_sync import WeightSender, weights_checksum
+    from asyncrl.weights.sync import WeightSender, weights_checksum
 
     work = Path(tempfile.mkdtemp(prefix="asyncrl-calib-server-"))
     ready = work / "ready.json"

@@ -70,9 +70,9 @@ def make_groups(count: int, response: int, start: int = 0) -> list[Any]:
 
 def measure_s3(model: str, response: int = 3) -> dict[str, Any]:
     from asyncrl.local.seaweed import EmbeddedS3
-    from asyncrl.transport.groups import GroupWriter, decode_groups
-    from asyncrl.transport.run_layout import RunPaths
-    from asyncrl.transport.s3 import S3Store
+    from asyncrl.storage.groups import GroupWriter, decode_groups
+    from asyncrl.storage.run_layout import RunPaths
+    from asyncrl.storage.s3 import S3Store
 
     work = Path(tempfile.mkdtemp(prefix="asyncrl-calib-s3-"))
     srv = EmbeddedS3(work / "data")
@@ -116,8 +116,8 @@ def _trainer_bookkeeping(store: Any, paths: Any, model: str, work: Path, pid: in
     from transformers import AutoModelForCausalLM
 
     from asyncrl.roles.role_metrics import read_role_metrics
+    from asyncrl.storage.checkpoints import save_checkpoint
     from asyncrl.tracking.mlflow_tracker import Tracker
-    from asyncrl.transport.checkpoints import save_checkpoint
 
     for role in ("environment", "generation", "reward", "training"):  # the default job's heartbeats
         store.put_json(paths.heartbeat(role, "0"), {"role": role, "id": "0", "metrics": {f"x{i}": 1.0 for i in range(12)}})

@@ -52,8 +52,8 @@ from asyncrl.local.launcher import EmbeddedRun  # noqa: E402
 from asyncrl.local.processes import ProcessGroup  # noqa: E402
 from asyncrl.local.seaweed import EmbeddedS3, find_weed  # noqa: E402
 from asyncrl.roles.context import wait_for_rendezvous  # noqa: E402
+from asyncrl.storage.s3 import S3Store  # noqa: E402
 from asyncrl.tiny_model.prepare import model_document_for, resolve_model_path  # noqa: E402
-from asyncrl.transport.s3 import S3Store  # noqa: E402
 
 SIZES = {"256": 32, "5000": 625}  # samples per step -> prompts per step (8 samples each)
 COMMON = ["rollout.samples_per_prompt=8", "rollout.max_new_tokens=6", "rollout.async_ratio=1",

@@ -40,10 +40,10 @@ from asyncrl.roles.context import (
     watched,
 )
 from asyncrl.roles.role_metrics import read_role_metrics
+from asyncrl.rpc.auth import auth_headers, require_token
+from asyncrl.rpc.listen import bind_socket
+from asyncrl.storage.group_prefetch import GroupPrefetcher
 from asyncrl.training.staleness import split_stale, staleness_stats
-from asyncrl.transport.auth import auth_headers, require_token
-from asyncrl.transport.group_prefetch import GroupPrefetcher
-from asyncrl.transport.listen import bind_socket
 from asyncrl.types import Group
 
 log = logging.getLogger("control_plane_standins")

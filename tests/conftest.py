@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from asyncrl.local.seaweed import EmbeddedS3
-from asyncrl.transport.s3 import S3Store
+from asyncrl.storage.s3 import S3Store
 
 
 @pytest.fixture(scope="session")

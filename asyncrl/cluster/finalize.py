@@ -28,8 +28,8 @@ from typing import Any
 
 from asyncrl.cluster.resume import SUCCEEDED, current_attempt
 from asyncrl.config.load import config_from_json
-from asyncrl.transport.run_layout import RunPaths, parse_run_url, run_url
-from asyncrl.transport.s3 import ObjectExists, S3Store
+from asyncrl.storage.run_layout import RunPaths, parse_run_url, run_url
+from asyncrl.storage.s3 import ObjectExists, S3Store
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def owns_run(store: S3Store, paths: RunPaths, kfp_run_id: str) -> bool:
 
 def finalize(store: S3Store, paths: RunPaths, status: str) -> dict[str, Any]:
     """Mark the run done, record its final status, register its model; returns the recorded status document."""
-    from asyncrl.transport.checkpoints import latest_committed_version  # imports torch: only when finalizing
+    from asyncrl.storage.checkpoints import latest_committed_version  # imports torch: only when finalizing
 
     with contextlib.suppress(ObjectExists):  # the trainer (or an earlier finalize) may have ended the run already
         store.put_json(paths.done(), {"time": time.time(), "by": "finalize"}, if_absent=True)

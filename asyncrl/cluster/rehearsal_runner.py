@@ -46,9 +46,9 @@ from asyncrl.cluster.rehearsal import (
 )
 from asyncrl.local.processes import Child, ProcessGroup
 from asyncrl.local.seaweed import EmbeddedS3
-from asyncrl.transport.auth import TOKEN_ENV, new_token
-from asyncrl.transport.run_layout import RunPaths
-from asyncrl.transport.s3 import S3Store
+from asyncrl.rpc.auth import TOKEN_ENV, new_token
+from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.s3 import S3Store
 
 log = logging.getLogger(__name__)
 

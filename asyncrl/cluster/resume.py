@@ -30,8 +30,8 @@ from typing import Any
 from asyncrl.config import ConfigError, RunConfig
 from asyncrl.config.load import config_from_dict
 from asyncrl.local.resume import ResumeError, ResumePoint, rewind_run
-from asyncrl.transport.run_layout import RunPaths
-from asyncrl.transport.s3 import S3Store
+from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.s3 import S3Store
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ from asyncrl.cluster.resume import reattach_tracking, resume_run
 from asyncrl.config import ConfigError, RunConfig, load_config
 from asyncrl.local.resume import ResumeError
 from asyncrl.models.folder import SOURCE_BUILT, SOURCE_PATH, model_document
-from asyncrl.transport.run_layout import RunPaths, run_url
-from asyncrl.transport.s3 import ObjectExists, S3Store
+from asyncrl.storage.run_layout import RunPaths, run_url
+from asyncrl.storage.s3 import ObjectExists, S3Store
 
 
 def resolve_config(config_yaml: str, overrides: list[str], run_id: str) -> RunConfig:

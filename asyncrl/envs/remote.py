@@ -32,7 +32,7 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from asyncrl.envs.base import EpisodeOver, StepResult, make
-from asyncrl.transport.auth import (
+from asyncrl.rpc.auth import (
     DEFAULT_BODY_TIMEOUT_S,
     ENV_SERVER_TOKEN_ENV,
     MissingTokenError,

@@ -2,10 +2,10 @@
 
 Token ids travel, never text, between the environment and generation (docs/generation_api.md).
 Every call carries `Authorization: Bearer <token>`, the token defaulting to `ASYNCRL_ROLE_TOKEN`
-(`asyncrl.transport.auth`); a server that refuses it answers 401/403, which becomes `RemoteError`.
+(`asyncrl.rpc.auth`); a server that refuses it answers 401/403, which becomes `RemoteError`.
 
 `generate` and `abort` are one call per sample for their caller, but on the wire the samples a caller submits in
-the same event-loop iteration travel together (`asyncrl.transport.coalesce`): one `POST /generate_batch` per server
+the same event-loop iteration travel together (`asyncrl.rpc.coalesce`): one `POST /generate_batch` per server
 and per iteration, whose NDJSON answer streams each sample back as it finishes, and one `POST /abort_batch`. So the
 scheduler still decides per sample (routing, replication, first-n-of-n+k, per-sample abort), while the cost of a
 call is paid per batch. Each sample keeps its own deadline: past it the caller gets `RemoteError(lost=True)`, as
@@ -22,9 +22,9 @@ from typing import Any
 
 import httpx
 
-from asyncrl.transport.auth import auth_headers
-from asyncrl.transport.coalesce import Coalescer, Unanswered, settle
-from asyncrl.transport.http import RemoteError
+from asyncrl.rpc.auth import auth_headers
+from asyncrl.rpc.coalesce import Coalescer, Unanswered, settle
+from asyncrl.rpc.http import RemoteError
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ fields refused; token ids within the model's vocabulary; max_tokens at most max_
 limit when the prompt is too long for the model (more than max_model_len - 1 tokens) or prompt + max_tokens
 exceeds max_model_len. Nothing a client sends reaches the engine unchecked: an out-of-vocabulary token id would
 crash vLLM's engine (it validates ids only with a tokenizer, and this server runs without one).
-Every route needs `Authorization: Bearer $ASYNCRL_ROLE_TOKEN` (401 without, 403 wrong: `asyncrl.transport.auth`) and
+Every route needs `Authorization: Bearer $ASYNCRL_ROLE_TOKEN` (401 without, 403 wrong: `asyncrl.rpc.auth`) and
 bodies are limited to `MAX_BODY_BYTES` (413); `run_server` refuses to start without the token unless told
 `insecure_no_token=True` (`--insecure-no-token`, for tests on loopback only).
 
@@ -54,8 +54,8 @@ from asyncrl.generation.engine import (
     GenerationEngine,
     RequestConflict,
 )
-from asyncrl.transport.auth import MissingTokenError, require_token, secure_app, validation_details
-from asyncrl.transport.listen import bind_socket
+from asyncrl.rpc.auth import MissingTokenError, require_token, secure_app, validation_details
+from asyncrl.rpc.listen import bind_socket
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ vLLM loads this module in every worker because the engine is started with
 `AsyncrlWeightTransferEngine` under the backend name "asyncrl" in vLLM's `WeightTransferEngineFactory`,
 which the worker then instantiates (engine arg `weight_transfer_config={"backend": "asyncrl"}`).
 
-The engine speaks the protocol of `asyncrl.transport.weight_sync` over a standalone gloo (CPU) or NCCL
+The engine speaks the protocol of `asyncrl.weights.sync` over a standalone gloo (CPU) or NCCL
 (GPU) group in which the trainer is rank 0. vLLM drives its lifecycle:
 - `init_transfer_engine`: join the trainer's group (blocks until every rank joined, or the deadline);
 - `start_weight_update`: `initialize_layerwise_reload(model)` (on CPU a plain `load_weights` into a
@@ -36,8 +36,8 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from asyncrl.transport.weight_buckets import weights_checksum
-from asyncrl.transport.weight_sync import join_group, local_ip_towards, receive_weights, shutdown_group
+from asyncrl.weights.buckets import weights_checksum
+from asyncrl.weights.sync import join_group, local_ip_towards, receive_weights, shutdown_group
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class AsyncrlUpdateInfo(WeightTransferUpdateInfo):
 
 
 class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlUpdateInfo]):
-    """Receives weights broadcast by `asyncrl.transport.weight_sync.WeightSender` and loads them in place."""
+    """Receives weights broadcast by `asyncrl.weights.sync.WeightSender` and loads them in place."""
 
     init_info_cls = AsyncrlInitInfo
     update_info_cls = AsyncrlUpdateInfo

@@ -41,14 +41,14 @@ from asyncrl.local.seaweed import EmbeddedS3
 from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.rewards.custom import scorer_for
 from asyncrl.roles.context import base_url, wait_for_rendezvous
+from asyncrl.rpc.auth import TOKEN_ENV, auth_headers, new_token
+from asyncrl.storage.groups import GroupReader, GroupWriter
+from asyncrl.storage.run_layout import RunPaths, run_url
+from asyncrl.storage.s3 import S3Store
 from asyncrl.tasks.datasets import load_split
 from asyncrl.tiny_model.prepare import model_document_for, resolve_model_path
 from asyncrl.tracking.mlflow_tracker import Tracker, embedded_tracking_uri, flatten_params
-from asyncrl.transport.auth import TOKEN_ENV, auth_headers, new_token
-from asyncrl.transport.groups import GroupReader, GroupWriter
-from asyncrl.transport.run_layout import RunPaths, run_url
-from asyncrl.transport.s3 import S3Store
-from asyncrl.transport.weight_buckets import checksums_match
+from asyncrl.weights.buckets import checksums_match
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import RunConfig, config_from_json
-from asyncrl.transport.run_layout import RunPaths
-from asyncrl.transport.s3 import S3Store
+from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.s3 import S3Store
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def rewind_run(store: S3Store, paths: RunPaths, run_id: str) -> ResumePoint:
     """Reset the crashed attempt's control documents (heartbeats deleted, rendezvous withdrawn with their epoch
     kept) and rewind `versions/latest.json` to the newest committed checkpoint (version 0 without one). Call it only
     after every check passed: it changes the run."""
-    from asyncrl.transport.checkpoints import (  # torch: load it late
+    from asyncrl.storage.checkpoints import (  # torch: load it late
         latest_committed_version,
         load_checkpoint_meta,
     )

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from asyncrl.transport.s3 import S3Store
+from asyncrl.storage.s3 import S3Store
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.models.fetch import fetch_model
-from asyncrl.transport.run_layout import RunPaths
-from asyncrl.transport.s3 import S3Store
+from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.s3 import S3Store
 
 SOURCE_PATH = "model.path"
 SOURCE_BUILT = "built-in tiny model"

@@ -2,11 +2,11 @@
 
 `RewardClient.score` is a per-sample call (the rollout scheduler scores each sample when it finishes), but the
 samples finished in the same event-loop iteration travel together as one `POST /score_batch` call
-(`asyncrl.transport.coalesce`): with thousands of samples in flight, one HTTP call per sample made the control plane,
+(`asyncrl.rpc.coalesce`): with thousands of samples in flight, one HTTP call per sample made the control plane,
 not the engine, set the speed. The wire contract is in `asyncrl.rewards.api` (docs/reward_api.md).
 
 Every call carries `Authorization: Bearer <token>`, the token defaulting to `ASYNCRL_ROLE_TOKEN`
-(`asyncrl.transport.auth`); a server that refuses it answers 401/403, which becomes `RemoteError` for every item.
+(`asyncrl.rpc.auth`); a server that refuses it answers 401/403, which becomes `RemoteError` for every item.
 
 Invariants:
 - `score` resolves to the item's own (reward, details) or raises; a sample never gets a default reward;
@@ -36,10 +36,10 @@ from typing import Any
 import httpx
 
 from asyncrl.rewards.api import MAX_BATCH_ITEMS, MAX_BODY_BYTES, MAX_TASK_CHARS, MAX_TEXT_CHARS
-from asyncrl.transport.auth import auth_headers
-from asyncrl.transport.coalesce import Coalescer, Unanswered, settle
-from asyncrl.transport.http import RemoteError, post_json
-from asyncrl.transport.retry import RetryPolicy
+from asyncrl.rpc.auth import auth_headers
+from asyncrl.rpc.coalesce import Coalescer, Unanswered, settle
+from asyncrl.rpc.http import RemoteError, post_json
+from asyncrl.storage.retry import RetryPolicy
 
 Score = tuple[float, dict[str, Any]]
 

@@ -43,7 +43,7 @@ from asyncrl.roles.generation_servers import log_lost
 from asyncrl.roles.rollout_driver import RolloutDriver, sample_seed
 from asyncrl.rollout.multiturn import MultiTurnTrajectory
 from asyncrl.rollout.scheduler import DropGroup, DropSample, EmitGroup, Start
-from asyncrl.transport.http import RemoteError
+from asyncrl.rpc.http import RemoteError
 from asyncrl.types import Group, Sample
 
 log = logging.getLogger(__name__)

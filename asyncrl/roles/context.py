@@ -26,8 +26,8 @@ from typing import Any
 from asyncrl.config import RunConfig, config_from_json
 from asyncrl.models.folder import run_model_folder
 from asyncrl.roles.liveness import Heartbeat, RunOver, watch_run
-from asyncrl.transport.run_layout import RunPaths, parse_run_url
-from asyncrl.transport.s3 import S3Store
+from asyncrl.storage.run_layout import RunPaths, parse_run_url
+from asyncrl.storage.s3 import S3Store
 
 log = logging.getLogger(__name__)
 

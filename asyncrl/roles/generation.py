@@ -28,8 +28,8 @@ from asyncrl.roles.context import (
     watched,
 )
 from asyncrl.roles.liveness import Heartbeat, RunOver
-from asyncrl.transport.auth import MissingTokenError, require_token
-from asyncrl.transport.checkpoints import latest_committed_version, load_checkpoint_tensors
+from asyncrl.rpc.auth import MissingTokenError, require_token
+from asyncrl.storage.checkpoints import latest_committed_version, load_checkpoint_tensors
 
 log = logging.getLogger(__name__)
 

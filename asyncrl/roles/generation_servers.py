@@ -24,7 +24,7 @@ import httpx
 
 from asyncrl.generation.client import GenerationClient
 from asyncrl.roles.context import RoleContext, base_url
-from asyncrl.transport.http import RemoteError
+from asyncrl.rpc.http import RemoteError
 
 log = logging.getLogger(__name__)
 

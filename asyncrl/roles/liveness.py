@@ -28,8 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrl.transport.run_layout import RunPaths
-from asyncrl.transport.s3 import S3Store
+from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.s3 import S3Store
 
 log = logging.getLogger(__name__)
 

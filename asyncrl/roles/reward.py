@@ -9,7 +9,7 @@ contract and its limits are in `asyncrl.rewards.api` (docs/reward_api.md).
 
 Stateless; any number of instances may run. `GET /health` answers liveness and the counters. Every route needs
 `Authorization: Bearer $ASYNCRL_ROLE_TOKEN` (401 without, 403 wrong) and bodies over `MAX_BODY_BYTES` get 413
-(`asyncrl.transport.auth`); the role exits at once, naming the variable, when the token is not set. It beats a heartbeat
+(`asyncrl.rpc.auth`); the role exits at once, naming the variable, when the token is not set. It beats a heartbeat
 carrying its counters and exits by itself when the run is done or the trainer failed or is gone
 (`asyncrl.roles.liveness`).
 
@@ -57,8 +57,8 @@ from asyncrl.roles.context import (
     watched,
 )
 from asyncrl.roles.liveness import Heartbeat, RunOver
-from asyncrl.transport.auth import DEFAULT_BODY_TIMEOUT_S, MissingTokenError, require_token, secure_app
-from asyncrl.transport.listen import bind_socket
+from asyncrl.rpc.auth import DEFAULT_BODY_TIMEOUT_S, MissingTokenError, require_token, secure_app
+from asyncrl.rpc.listen import bind_socket
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from asyncrl.transport.run_layout import RunPaths
-from asyncrl.transport.s3 import S3Store
+from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.s3 import S3Store
 
 
 def heartbeat_metrics(docs: list[Any]) -> dict[str, float]:

@@ -44,8 +44,8 @@ from asyncrl.rollout.scheduler import (
     Start,
 )
 from asyncrl.rollout.workload import server_rates
-from asyncrl.transport.groups import GroupWriter
-from asyncrl.transport.http import RemoteError
+from asyncrl.rpc.http import RemoteError
+from asyncrl.storage.groups import GroupWriter
 from asyncrl.types import Group
 
 ROLE_LOGGER = "asyncrl.roles.environment"  # the environment role's log lines keep this name, whichever module logs

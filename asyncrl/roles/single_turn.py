@@ -35,10 +35,10 @@ from asyncrl.roles.generation_servers import log_lost
 from asyncrl.roles.rollout_driver import ROLE_LOGGER, RolloutDriver, sample_seed
 from asyncrl.rollout.scheduler import DropGroup, DropSample, EmitGroup, Start
 from asyncrl.rollout.workload import decode_budget, loss_mask_to_first_eos
+from asyncrl.rpc.http import RemoteError
 from asyncrl.tasks.arithmetic import Problem
 from asyncrl.tasks.datasets import load_split
 from asyncrl.tasks.prompt_fit import prompts_that_fit
-from asyncrl.transport.http import RemoteError
 from asyncrl.types import Group, Sample
 
 log = logging.getLogger(ROLE_LOGGER)

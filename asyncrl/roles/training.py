@@ -3,7 +3,7 @@
 One training step k (version k → k+1):
 1. wait: take groups per writer in sequence order (per-writer cursors) until B fresh groups are in hand; a group
    with start_version < k − α (judged when taken) is dropped and counted (docs/algorithms.md §1), never trained on. A
-   background thread reads ahead (`asyncrl.transport.group_prefetch`): up to B groups, during the other phases too;
+   background thread reads ahead (`asyncrl.storage.group_prefetch`): up to B groups, during the other phases too;
    a group only read ahead is not consumed: neither in the published `consumed` counts nor in checkpoint cursors;
 2. train (`Learner`): GRPO advantages, or GAE on the critics' values (AsyPPO: mini-critics and their masks), the
    critics' update, and the configured policy loss with the engine's behaviour log-probs, one optimizer step
@@ -45,13 +45,7 @@ from asyncrl.roles.context import RoleContext, role_arg_parser, setup_logging
 from asyncrl.roles.role_metrics import read_role_metrics
 from asyncrl.roles.step_reporter import StepReporter
 from asyncrl.roles.weight_group import WeightGroup
-from asyncrl.tracking.mlflow_tracker import Tracker
-from asyncrl.training.batch import build_batch
-from asyncrl.training.distributed import Command
-from asyncrl.training.learner import Learner
-from asyncrl.training.process_group import launcher_world_size
-from asyncrl.training.staleness import split_stale, staleness_histogram, staleness_stats
-from asyncrl.transport.checkpoints import (
+from asyncrl.storage.checkpoints import (
     flatten_optimizer_state,
     latest_committed_version,
     load_checkpoint,
@@ -59,9 +53,15 @@ from asyncrl.transport.checkpoints import (
     save_checkpoint,
     unflatten_optimizer_state,
 )
-from asyncrl.transport.group_prefetch import GroupPrefetcher
-from asyncrl.transport.weight_sync import weights_checksum
+from asyncrl.storage.group_prefetch import GroupPrefetcher
+from asyncrl.tracking.mlflow_tracker import Tracker
+from asyncrl.training.batch import build_batch
+from asyncrl.training.distributed import Command
+from asyncrl.training.learner import Learner
+from asyncrl.training.process_group import launcher_world_size
+from asyncrl.training.staleness import split_stale, staleness_histogram, staleness_stats
 from asyncrl.types import Group
+from asyncrl.weights.sync import weights_checksum
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ import httpx
 import torch
 
 from asyncrl.roles.context import RoleContext, base_url, poll_rendezvous
-from asyncrl.transport.auth import auth_headers
-from asyncrl.transport.weight_sync import WeightSender, WeightSyncError, weights_checksum
+from asyncrl.rpc.auth import auth_headers
+from asyncrl.weights.sync import WeightSender, WeightSyncError, weights_checksum
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
+from asyncrl.rpc.auth import SANDBOX_TOKEN_ENV, auth_headers
 from asyncrl.sandbox.runner import SandboxResult
-from asyncrl.transport.auth import SANDBOX_TOKEN_ENV, auth_headers
 
 SLACK_S = 5.0
 

@@ -25,10 +25,10 @@ from typing import Any
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
+from asyncrl.rpc.auth import SANDBOX_TOKEN_ENV, MissingTokenError, require_token, secure_app
 from asyncrl.sandbox.host import sandbox_host
 from asyncrl.sandbox.runner import MAX_CODE_CHARS, run_python
 from asyncrl.secret_names import is_secret_key
-from asyncrl.transport.auth import SANDBOX_TOKEN_ENV, MissingTokenError, require_token, secure_app
 
 MAX_TIMEOUT_S = 60.0
 MAX_BODY_BYTES = 1 << 20
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import uvicorn
 
-    from asyncrl.transport.listen import bind_socket
+    from asyncrl.rpc.listen import bind_socket
 
     parser = argparse.ArgumentParser(description="The tool sandbox service (asyncrl.sandbox.server).")
     parser.add_argument("--host", default="127.0.0.1", help="Bind address (default loopback only).")

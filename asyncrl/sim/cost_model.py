@@ -134,11 +134,11 @@ CONTROL_PLANE_FIELDS = ("env_s", "frontend_s", "http_call_s", "score_call_s", "s
 
 # Constants of the code itself, not of a machine (tests/unit/test_sim_overheads.py checks them against the code):
 # the environment writer reads versions/latest.json every POLL_S = 0.1 s (the environment role); the trainer's
-# prefetch thread waits 10 ms after an empty poll, doubling to 0.2 s (asyncrl.transport.group_prefetch, <= 3 writers).
+# prefetch thread waits 10 ms after an empty poll, doubling to 0.2 s (asyncrl.storage.group_prefetch, <= 3 writers).
 CODE_CONSTANTS = {"version_poll_s": 0.1, "poll_backoff_s": 0.01, "poll_backoff_cap_s": 0.2}
 _CODE_NOTES = {"version_poll_s": "the code: the environment role's POLL_S",
-               "poll_backoff_s": "the code: asyncrl.transport.group_prefetch.IDLE_BACKOFF_INITIAL_S",
-               "poll_backoff_cap_s": "the code: asyncrl.transport.group_prefetch.IDLE_BACKOFF_CAP_S"}
+               "poll_backoff_s": "the code: asyncrl.storage.group_prefetch.IDLE_BACKOFF_INITIAL_S",
+               "poll_backoff_cap_s": "the code: asyncrl.storage.group_prefetch.IDLE_BACKOFF_CAP_S"}
 
 # ---- presets ------------------------------------------------------------------------------------------------------
 # ~7B dense model (Qwen2.5-7B shape: 28 layers, 4 KV heads of 128, bf16) on one H100/H200-class GPU per server.

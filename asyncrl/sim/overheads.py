@@ -53,7 +53,7 @@ def object_seconds(fixed: float, per_token: float, tokens: float) -> float:
 
 
 class PollSchedule:
-    """The prefetch thread's idle backoff (`asyncrl.transport.group_prefetch.Backoff`) plus the empty poll's GET."""
+    """The prefetch thread's idle backoff (`asyncrl.storage.group_prefetch.Backoff`) plus the empty poll's GET."""
 
     def __init__(self, cost: CostModel) -> None:
         self.initial, self.cap, self.get_s = cost.poll_backoff_s, cost.poll_backoff_cap_s, cost.s3_get_s

@@ -24,8 +24,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from asyncrl.transport.run_layout import COMMITTED, RunPaths
-from asyncrl.transport.s3 import ObjectExists, S3Store
+from asyncrl.storage.run_layout import COMMITTED, RunPaths
+from asyncrl.storage.s3 import ObjectExists, S3Store
 
 log = logging.getLogger(__name__)
 

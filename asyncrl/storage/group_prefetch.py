@@ -31,9 +31,9 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 
-from asyncrl.transport.groups import GapRecord, GroupReader, QuarantineRecord
-from asyncrl.transport.run_layout import RunPaths
-from asyncrl.transport.s3 import S3Store
+from asyncrl.storage.groups import GapRecord, GroupReader, QuarantineRecord
+from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.s3 import S3Store
 from asyncrl.types import Group
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ silently.
 
 Cost: a poll GETs one key per writer and lists nothing, except a writer discovery (one delimiter listing of
 `groups/`) at most every `rediscover_interval_s` and a gap check at most every `gap_check_interval_s` per writer.
-The trainer reads through `asyncrl.transport.group_prefetch` (a background thread, idle backoff).
+The trainer reads through `asyncrl.storage.group_prefetch` (a background thread, idle backoff).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from asyncrl.transport.run_layout import RunPaths, check_id
-from asyncrl.transport.s3 import ObjectExists, S3Store, StorageError
+from asyncrl.storage.run_layout import RunPaths, check_id
+from asyncrl.storage.s3 import ObjectExists, S3Store, StorageError
 from asyncrl.types import Group, Sample
 
 log = logging.getLogger(__name__)

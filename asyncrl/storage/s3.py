@@ -1,14 +1,14 @@
 """`S3Store`: the one object-store client every role uses, over boto3, for one bucket.
 
 The hot single-object calls (`get_with_metadata`, hence `get_bytes` / `get_json`, and `put_bytes` / `put_json`) go
-through `asyncrl.transport.s3_lean` (signed HTTP on a kept-alive connection, a third of boto3's CPU per call) when
+through `asyncrl.storage.s3_lean` (signed HTTP on a kept-alive connection, a third of boto3's CPU per call) when
 the store has an explicit endpoint, credentials and no proxy; `ASYNCRL_S3_BOTO_ONLY=1` sends everything through
 boto3. Both paths share the retry policy, the error mapping and the fault hook below.
 
 Invariants:
 - every call retries transient failures (connection errors, timeouts, throttling, HTTP 5xx) with
   exponential backoff and full jitter until a per-call deadline (`retry_deadline_s`, default 120 s),
-  by our policy alone (`asyncrl.transport.retry`; botocore's own retries are off); each attempt has
+  by our policy alone (`asyncrl.storage.retry`; botocore's own retries are off); each attempt has
   botocore connect/read timeouts; retries and give-ups are counted in `store.stats`;
 - path-style addressing (works with SeaweedFS, MinIO and AWS alike);
 - credentials come from the environment / the default boto3 chain, never from arguments or logs;
@@ -34,15 +34,15 @@ from botocore.config import Config
 from botocore.credentials import Credentials
 from botocore.exceptions import BotoCoreError, ClientError
 
-from asyncrl.transport.retry import (
+from asyncrl.storage.retry import (
     RetryPolicy,
     StorageError,
     StoreStats,
     call_with_retry,
 )
-from asyncrl.transport.retry import error_code as _code
-from asyncrl.transport.retry import error_status as _status
-from asyncrl.transport.s3_lean import LeanObjectClient
+from asyncrl.storage.retry import error_code as _code
+from asyncrl.storage.retry import error_status as _status
+from asyncrl.storage.s3_lean import LeanObjectClient
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ never arrived, "after" one whose response was lost."""
 
 def lean_client(endpoint_url: str, bucket: str, region: str, credentials: Credentials | None,
                 timeout_s: float) -> LeanObjectClient | None:
-    """The lean GET/PUT path (`asyncrl.transport.s3_lean`) where it behaves as boto3 would: an explicit http(s)
+    """The lean GET/PUT path (`asyncrl.storage.s3_lean`) where it behaves as boto3 would: an explicit http(s)
     endpoint, credentials resolved, no proxy configured; else None (every call through boto3)."""
     proxied = any(os.environ.get(v) for v in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"))
     if not endpoint_url or credentials is None or proxied or os.environ.get("ASYNCRL_S3_BOTO_ONLY") == "1":

@@ -1,5 +1,5 @@
 """Pure wire format of the weight broadcast: bucket planning, packing, unpacking, the JSON manifest,
-and the fusing-invariant weights checksum. No I/O, no process groups (see `weight_sync`).
+and the fusing-invariant weights checksum. No I/O, no process groups (see `asyncrl.weights.sync`).
 
 Wire protocol (trainer = rank 0 broadcasts, every generation worker receives):
 1. an int64 tensor of shape [1]: the manifest's length L in bytes;

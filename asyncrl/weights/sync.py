@@ -12,7 +12,7 @@ failure raises, and the sender then refuses to push until `connect()` is called 
 forms a new group, an *epoch*, possibly with other servers (`asyncrl.roles.weight_group` decides which):
 its keys live under a fresh name, so nothing of an earlier epoch's group is read.
 
-The wire format (manifest header, then buckets) is in `asyncrl.transport.weight_buckets`.
+The wire format (manifest header, then buckets) is in `asyncrl.weights.buckets`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import httpx
 import torch
 import torch.distributed as dist
 
-from asyncrl.transport.auth import auth_headers
-from asyncrl.transport.weight_buckets import (
+from asyncrl.rpc.auth import auth_headers
+from asyncrl.weights.buckets import (
     MAX_MANIFEST_BYTES,
     Manifest,
     pack_bucket,

@@ -34,9 +34,9 @@ import mlflow
 import psutil
 import pytest
 
-from asyncrl.transport.groups import metadata_groups
-from asyncrl.transport.run_layout import RunPaths
-from asyncrl.transport.s3 import S3Store
+from asyncrl.storage.groups import metadata_groups
+from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.s3 import S3Store
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,9 +21,9 @@ import yaml
 from asyncrl.config import load_config
 from asyncrl.local.seaweed import EmbeddedS3
 from asyncrl.models.tokenizer import TEXT_VOCAB
-from asyncrl.transport.groups import GroupReader
-from asyncrl.transport.run_layout import RunPaths
-from asyncrl.transport.s3 import S3Store
+from asyncrl.storage.groups import GroupReader
+from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.s3 import S3Store
 from tests.helpers.subprocess_runs import run_embedded
 
 pytestmark = pytest.mark.integration

@@ -30,8 +30,8 @@ from asyncrl.generation.server import create_app as generation_app
 from asyncrl.roles.context import wait_for_rendezvous
 from asyncrl.roles.liveness import Heartbeat
 from asyncrl.roles.reward import create_app as reward_app
-from asyncrl.transport.auth import ENV_SERVER_TOKEN_ENV, TOKEN_ENV, new_token
-from asyncrl.transport.run_layout import RunPaths
+from asyncrl.rpc.auth import ENV_SERVER_TOKEN_ENV, TOKEN_ENV, new_token
+from asyncrl.storage.run_layout import RunPaths
 from tests.helpers.generation_server import MAX_MODEL_LEN, shared_generation_server
 from tests.helpers.tiny_random_model import VOCAB_SIZE
 
@@ -78,7 +78,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def reward(s3_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
-    from asyncrl.transport.s3 import S3Store
+    from asyncrl.storage.s3 import S3Store
 
     store = S3Store(s3_server.endpoint_url, f"garbage-{uuid.uuid4().hex[:12]}", timeout_s=15.0)
     store.ensure_bucket()

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from asyncrl.transport.checkpoints import (
+from asyncrl.storage.checkpoints import (
     CheckpointError,
     committed_versions,
     flatten_optimizer_state,
@@ -16,8 +16,8 @@ from asyncrl.transport.checkpoints import (
     save_checkpoint,
     unflatten_optimizer_state,
 )
-from asyncrl.transport.run_layout import RunPaths
-from asyncrl.transport.s3 import ObjectExists, S3Store
+from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.s3 import ObjectExists, S3Store
 
 
 def _trained_adamw() -> tuple[torch.nn.Module, torch.optim.AdamW]:
@@ -124,7 +124,7 @@ def test_corrupt_committed_checkpoint_is_detected(s3_store: S3Store) -> None:
 
 @pytest.mark.integration
 def test_extra_tensor_files_are_committed_and_verified(s3_store: S3Store) -> None:
-    from asyncrl.transport.checkpoints import load_checkpoint_tensors
+    from asyncrl.storage.checkpoints import load_checkpoint_tensors
 
     paths = RunPaths("runs", "ckpt-extra")
     critic = {"critic0.value_head.weight": torch.arange(6.0).reshape(1, 6)}

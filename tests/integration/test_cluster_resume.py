@@ -15,8 +15,8 @@ import mlflow
 import pytest
 import torch
 
-from asyncrl.transport.checkpoints import save_checkpoint
-from asyncrl.transport.run_layout import RunPaths
+from asyncrl.storage.checkpoints import save_checkpoint
+from asyncrl.storage.run_layout import RunPaths
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

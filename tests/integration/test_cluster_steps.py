@@ -12,7 +12,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from asyncrl.transport.run_layout import RunPaths
+from asyncrl.storage.run_layout import RunPaths
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,9 +18,9 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.local.seaweed import EmbeddedS3
-from asyncrl.transport.checkpoints import latest_committed_version, load_checkpoint_tensors
-from asyncrl.transport.run_layout import RunPaths
-from asyncrl.transport.s3 import S3Store
+from asyncrl.storage.checkpoints import latest_committed_version, load_checkpoint_tensors
+from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.s3 import S3Store
 from tests.helpers.subprocess_runs import run_embedded
 
 pytestmark = pytest.mark.integration

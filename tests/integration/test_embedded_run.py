@@ -17,11 +17,11 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.local.seaweed import EmbeddedS3
-from asyncrl.transport.checkpoints import latest_committed_version
-from asyncrl.transport.groups import GroupReader
-from asyncrl.transport.run_layout import RunPaths
-from asyncrl.transport.s3 import S3Store
-from asyncrl.transport.weight_buckets import checksums_match
+from asyncrl.storage.checkpoints import latest_committed_version
+from asyncrl.storage.groups import GroupReader
+from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.s3 import S3Store
+from asyncrl.weights.buckets import checksums_match
 from tests.helpers.subprocess_runs import run_embedded
 
 pytestmark = pytest.mark.integration

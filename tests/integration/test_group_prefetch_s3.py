@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 import uuid
 
-from asyncrl.transport.group_prefetch import GroupPrefetcher, environment_writer_ids
-from asyncrl.transport.groups import GroupReader, GroupWriter, encode_group
-from asyncrl.transport.run_layout import RunPaths
-from asyncrl.transport.s3 import S3Store
+from asyncrl.storage.group_prefetch import GroupPrefetcher, environment_writer_ids
+from asyncrl.storage.groups import GroupReader, GroupWriter, encode_group
+from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.s3 import S3Store
 from asyncrl.types import Group, Sample
 
 

@@ -54,7 +54,7 @@ FOLDER = {"config.json": b'{"model_type": "qwen2"}', "model.safetensors": b"weig
 
 def test_roles_find_the_run_model_only_through_model_json(s3_server, s3_store, tmp_path):
     from asyncrl.models.folder import ModelFolderError, model_document, run_model_folder
-    from asyncrl.transport.run_layout import RunPaths
+    from asyncrl.storage.run_layout import RunPaths
 
     paths = RunPaths("runs", "model-doc")
     with pytest.raises(ModelFolderError, match=r"runs/model-doc/model.json: expected .* before the roles start; "
@@ -83,7 +83,7 @@ def test_roles_find_the_run_model_only_through_model_json(s3_server, s3_store, t
 
 def test_setup_records_the_model_once(s3_server, s3_store, tmp_path):
     from asyncrl.cluster.setup import publish_model
-    from asyncrl.transport.run_layout import RunPaths
+    from asyncrl.storage.run_layout import RunPaths
 
     paths = RunPaths("runs", "setup-model")
     uri = f"s3://{s3_store.bucket}/models/given"

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from asyncrl.rewards.client import RewardClient
-from asyncrl.transport.http import RemoteError
-from asyncrl.transport.retry import RetryPolicy
+from asyncrl.rpc.http import RemoteError
+from asyncrl.storage.retry import RetryPolicy
 
 pytestmark = pytest.mark.integration
 

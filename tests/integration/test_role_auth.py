@@ -17,8 +17,8 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.roles.context import wait_for_rendezvous
 from asyncrl.roles.liveness import Heartbeat
-from asyncrl.transport.auth import ENV_SERVER_TOKEN_ENV, TOKEN_ENV, auth_headers, new_token
-from asyncrl.transport.run_layout import RunPaths
+from asyncrl.rpc.auth import ENV_SERVER_TOKEN_ENV, TOKEN_ENV, auth_headers, new_token
+from asyncrl.storage.run_layout import RunPaths
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

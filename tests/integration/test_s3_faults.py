@@ -13,9 +13,9 @@ import pytest
 from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
 
 from asyncrl.local.seaweed import EmbeddedS3
-from asyncrl.transport.groups import GapRecord, GroupReader, GroupWriter, encode_group
-from asyncrl.transport.run_layout import RunPaths
-from asyncrl.transport.s3 import ObjectExists, S3Store, StorageError
+from asyncrl.storage.groups import GapRecord, GroupReader, GroupWriter, encode_group
+from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.s3 import ObjectExists, S3Store, StorageError
 from asyncrl.types import Group, Sample
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""The lean signed-HTTP path of S3Store's GET and PUT (asyncrl.transport.s3_lean) against a real SeaweedFS server:
+"""The lean signed-HTTP path of S3Store's GET and PUT (asyncrl.storage.s3_lean) against a real SeaweedFS server:
 it reads and writes exactly what boto3 does, maps errors the same way, and survives a dropped kept-alive
 connection without spending a retry."""
 
@@ -9,8 +9,8 @@ import socket
 import pytest
 
 from asyncrl.local.seaweed import EmbeddedS3
-from asyncrl.transport.s3 import ObjectExists, S3Store, StorageError, lean_client
-from asyncrl.transport.s3_lean import LeanObjectClient
+from asyncrl.storage.s3 import ObjectExists, S3Store, StorageError, lean_client
+from asyncrl.storage.s3_lean import LeanObjectClient
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from asyncrl.local.seaweed import EmbeddedS3, sweep_stale_socket_dirs
-from asyncrl.transport.groups import GROUPS_METADATA, GroupReader, GroupWriter, encode_group
-from asyncrl.transport.run_layout import RunPaths
-from asyncrl.transport.s3 import ObjectExists, S3Store, StorageError
+from asyncrl.storage.groups import GROUPS_METADATA, GroupReader, GroupWriter, encode_group
+from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.s3 import ObjectExists, S3Store, StorageError
 from asyncrl.types import Group, Sample
 
 pytestmark = pytest.mark.integration

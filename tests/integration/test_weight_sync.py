@@ -15,8 +15,8 @@ import httpx
 import pytest
 import torch
 
-from asyncrl.transport.weight_buckets import checksums_match, weights_checksum
-from asyncrl.transport.weight_sync import WeightSender, WeightSyncError
+from asyncrl.weights.buckets import checksums_match, weights_checksum
+from asyncrl.weights.sync import WeightSender, WeightSyncError
 from tests.helpers.generation_server import (
     MAX_MODEL_LEN,
     ServerProcess,

@@ -1,4 +1,4 @@
-"""The role-server bearer token and body limit (asyncrl.transport.auth) on small FastAPI apps, in process over
+"""The role-server bearer token and body limit (asyncrl.rpc.auth) on small FastAPI apps, in process over
 httpx's ASGI transport; and the same wiring on the real reward and environment-server apps."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 
 from asyncrl.envs.remote import create_env_app
 from asyncrl.roles.reward import create_app as reward_app
-from asyncrl.transport.auth import (
+from asyncrl.rpc.auth import (
     TOKEN_ENV,
     MissingTokenError,
     auth_headers,

@@ -17,7 +17,7 @@ from asyncrl.config import ConfigError, load_config
 from asyncrl.config.load import parse_yaml
 from asyncrl.generation.server import GenerateRequest, check_against_model
 from asyncrl.models.folder import ModelFolderError, check_model_folder, model_folder_problems
-from asyncrl.transport.auth import BodyLimitMiddleware, validation_details
+from asyncrl.rpc.auth import BodyLimitMiddleware, validation_details
 
 
 def _load(tmp_path: Path, text: str, *overrides: str) -> str:

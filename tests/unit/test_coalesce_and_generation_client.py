@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from asyncrl.generation.client import GenerationClient
-from asyncrl.transport.coalesce import Coalescer, Unanswered, settle
-from asyncrl.transport.http import RemoteError
+from asyncrl.rpc.coalesce import Coalescer, Unanswered, settle
+from asyncrl.rpc.http import RemoteError
 
 # ---- Coalescer -------------------------------------------------------------------------------------------------
 

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 
 from asyncrl.roles.training import Counters, TrainingRunner
-from asyncrl.transport.group_prefetch import (
+from asyncrl.storage.group_prefetch import (
     Backoff,
     GroupPrefetcher,
     environment_writer_ids,
     idle_backoff_cap_s,
 )
-from asyncrl.transport.groups import GapRecord, GroupReader, QuarantineRecord
-from asyncrl.transport.run_layout import RunPaths
+from asyncrl.storage.groups import GapRecord, GroupReader, QuarantineRecord
+from asyncrl.storage.run_layout import RunPaths
 from asyncrl.types import Group, Sample
 
 Got = list[tuple[str, int, Group]]

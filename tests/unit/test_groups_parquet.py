@@ -8,8 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from asyncrl.transport.groups import GROUP_SCHEMA, decode_group, decode_groups, encode_group, encode_groups
-from asyncrl.transport.run_layout import RunPaths, parse_run_url, run_url
+from asyncrl.storage.groups import GROUP_SCHEMA, decode_group, decode_groups, encode_group, encode_groups
+from asyncrl.storage.run_layout import RunPaths, parse_run_url, run_url
 from asyncrl.types import Group, Sample
 
 

@@ -15,7 +15,7 @@ MAX_LINES = 400
 LONG_FILES: dict[str, str] = {
     "asyncrl/rollout/scheduler.py": "the rollout scheduler's whole state machine: one class a reader follows in one "
                                     "sitting, tested with exact numbers",
-    "asyncrl/transport/groups.py": "the group object format, its writer and its reader (cursors, gaps, quarantine) "
+    "asyncrl/storage/groups.py": "the group object format, its writer and its reader (cursors, gaps, quarantine) "
                                    "share one contract",
     "asyncrl/config/schema.py": "every config section in one place, as the configuration reference reads it",
     "asyncrl/roles/training.py": "the training role's step; issue 16 moves its rank coordination out (SPMD)",
@@ -26,12 +26,19 @@ LONG_FILES: dict[str, str] = {
 ONLY: dict[str, set[str]] = {
     "asyncrl.rollout": {"asyncrl.types"},
     "asyncrl.sim": {"asyncrl.rollout", "asyncrl.types"},
-    "asyncrl.envs": {"asyncrl.plugins", "asyncrl.sandbox", "asyncrl.secret_names", "asyncrl.transport"},
+    "asyncrl.envs": {"asyncrl.plugins", "asyncrl.rpc", "asyncrl.sandbox", "asyncrl.secret_names", "asyncrl.storage"},
 }
 # The training package computes; only roles wire it to transport (S3, weight sync).
 NEVER: dict[str, set[str]] = {
-    "asyncrl.training": {"asyncrl.transport", "asyncrl.roles", "asyncrl.local", "asyncrl.cluster", "asyncrl.tiny_model"},
-    "asyncrl.transport": {"asyncrl.training", "asyncrl.roles", "asyncrl.local", "asyncrl.cluster"},
+    "asyncrl.training": {"asyncrl.storage", "asyncrl.weights", "asyncrl.rpc", "asyncrl.roles", "asyncrl.local",
+                         "asyncrl.cluster", "asyncrl.tiny_model"},
+    # the three transports: storage (S3) and rpc (HTTP calls) are leaves; weights (the broadcast) calls the servers
+    # over rpc to start one
+    "asyncrl.storage": {"asyncrl.training", "asyncrl.roles", "asyncrl.local", "asyncrl.cluster", "asyncrl.weights",
+                        "asyncrl.rpc"},
+    "asyncrl.weights": {"asyncrl.training", "asyncrl.roles", "asyncrl.local", "asyncrl.cluster", "asyncrl.storage"},
+    "asyncrl.rpc": {"asyncrl.training", "asyncrl.roles", "asyncrl.local", "asyncrl.cluster", "asyncrl.storage",
+                    "asyncrl.weights"},
     "asyncrl.rewards": {"asyncrl.roles", "asyncrl.local", "asyncrl.cluster", "asyncrl.tiny_model"},
     "asyncrl.generation": {"asyncrl.roles", "asyncrl.local", "asyncrl.cluster", "asyncrl.training",
                            "asyncrl.tiny_model"},

@@ -4,7 +4,7 @@ offsets, rewards and versions, and the sample survives the Parquet round trip.""
 import pytest
 
 from asyncrl.rollout.multiturn import MultiTurnTrajectory
-from asyncrl.transport.groups import decode_group, encode_group
+from asyncrl.storage.groups import decode_group, encode_group
 from asyncrl.types import Group
 
 

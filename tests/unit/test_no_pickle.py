@@ -111,7 +111,7 @@ def _files() -> list[Path]:
 
 def test_the_scan_covers_the_code() -> None:
     files = {p.relative_to(ROOT).as_posix() for p in _files()}
-    assert "asyncrl/transport/s3.py" in files and "asyncrl/generation/server.py" in files
+    assert "asyncrl/storage/s3.py" in files and "asyncrl/generation/server.py" in files
     assert any(f.startswith("components/") for f in files) and any(f.startswith("pipelines/") for f in files)
 
 

@@ -19,7 +19,7 @@ from asyncrl.cluster.rehearsal import (
     task_commands,
 )
 from asyncrl.cluster.rehearsal_runner import RehearsalFailed, _Run, local_argv
-from asyncrl.transport.run_layout import RunPaths
+from asyncrl.storage.run_layout import RunPaths
 
 SECRETS = {"asyncrl-s3": {"AWS_ACCESS_KEY_ID": "AKTEST", "AWS_SECRET_ACCESS_KEY": "sekrit"},
            "asyncrl-role-token": {"ASYNCRL_ROLE_TOKEN": "role-token-for-the-test"}}

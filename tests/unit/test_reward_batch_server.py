@@ -13,7 +13,7 @@ from fastapi import FastAPI
 
 from asyncrl.rewards.api import MAX_BATCH_ITEMS
 from asyncrl.roles.reward import create_app
-from asyncrl.transport.auth import auth_headers
+from asyncrl.rpc.auth import auth_headers
 
 TOKEN = "t" * 20 + "-reward"
 AUTH = auth_headers(TOKEN)

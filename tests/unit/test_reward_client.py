@@ -17,9 +17,9 @@ import pytest
 
 from asyncrl.rewards.client import RewardClient
 from asyncrl.roles.reward import create_app
-from asyncrl.transport.auth import auth_headers
-from asyncrl.transport.http import RemoteError
-from asyncrl.transport.retry import RetryPolicy
+from asyncrl.rpc.auth import auth_headers
+from asyncrl.rpc.http import RemoteError
+from asyncrl.storage.retry import RetryPolicy
 
 TOKEN = "t" * 20 + "-reward"
 FAST = RetryPolicy(base_s=0.001, cap_s=0.002)

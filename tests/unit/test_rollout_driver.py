@@ -13,7 +13,7 @@ from asyncrl.config import RunConfig
 from asyncrl.roles.context import RoleContext
 from asyncrl.roles.rollout_driver import RolloutDriver
 from asyncrl.rollout.scheduler import Abort, DropGroup, DropSample, EmitGroup, Start
-from asyncrl.transport.run_layout import RunPaths
+from asyncrl.storage.run_layout import RunPaths
 from asyncrl.types import Group, Sample
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -216,7 +216,7 @@ def test_the_environment_roles_modules_import_each_other_one_way() -> None:
 
 
 def test_the_rollout_package_is_pure() -> None:
-    io = ("httpx", "asyncio", "boto3", "botocore", "socket", "asyncrl.transport", "asyncrl.roles", "asyncrl.envs",
+    io = ("httpx", "asyncio", "boto3", "botocore", "socket", "asyncrl.storage", "asyncrl.rpc", "asyncrl.weights", "asyncrl.roles", "asyncrl.envs",
           "asyncrl.generation", "asyncrl.evaluation")
     for path in sorted((ROOT / "asyncrl" / "rollout").glob("*.py")):
         bad = [m for m in imports(path) if m.startswith(io)]

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.transport.s3 import S3Store, StorageError
+from asyncrl.storage.s3 import S3Store, StorageError
 
 
 class PagedStore(S3Store):

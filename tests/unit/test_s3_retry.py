@@ -14,7 +14,7 @@ from botocore.exceptions import (
     ResponseStreamingError,
 )
 
-from asyncrl.transport.retry import RetryPolicy, StorageError, StoreStats, call_with_retry, is_transient
+from asyncrl.storage.retry import RetryPolicy, StorageError, StoreStats, call_with_retry, is_transient
 
 
 def client_error(code: str, status: int) -> ClientError:

@@ -13,8 +13,8 @@ import yaml
 
 from asyncrl.config import load_config
 from asyncrl.local.launcher import EmbeddedRun
+from asyncrl.rpc.auth import TOKEN_ENV
 from asyncrl.tracking.mlflow_tracker import Tracker, embedded_tracking_uri, flatten_params, is_secret_key
-from asyncrl.transport.auth import TOKEN_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE_YAML = ROOT / "pipelines" / "asyncrl.yaml"

@@ -89,7 +89,7 @@ def _role_constant(name: str) -> float:
 
 def test_code_constants_are_the_codes():
     from asyncrl.sim import trainer
-    from asyncrl.transport import group_prefetch
+    from asyncrl.storage import group_prefetch
 
     assert {"version_poll_s": _role_constant("POLL_S"),
                               "poll_backoff_s": group_prefetch.IDLE_BACKOFF_INITIAL_S,

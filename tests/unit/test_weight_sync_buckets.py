@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrl.transport.weight_buckets import (
+from asyncrl.weights.buckets import (
     ALIGN,
     Manifest,
     TensorSlot,
@@ -130,7 +130,7 @@ def test_checksum_invariant_to_fusing_and_tying() -> None:
 
 
 def test_rendezvous_refuses_an_address_this_host_does_not_have() -> None:
-    from asyncrl.transport.weight_sync import WeightSyncError, listen_socket
+    from asyncrl.weights.sync import WeightSyncError, listen_socket
 
     with pytest.raises(WeightSyncError, match="master_addr: cannot listen on '203.0.113.7'"):
         listen_socket("203.0.113.7")  # TEST-NET-3: never an address of this machine

@@ -1,0 +1,1 @@
+"""asyncrl.weights: the weight broadcast from the trainer to the generation servers: its wire format (buckets) and protocol (sync)."""
