@@ -11,7 +11,7 @@ document and beats a heartbeat like the generation role, and exits when the run 
 (`GroupPrefetcher.for_run`, take B groups per step, stale groups dropped by `split_stale` when taken, the mid-step
 publish after drops), then, with no model: POSTs `/weights/update` {version} to every generation server (its only
 "sync"), reads the writers' rollout stats and the roles' heartbeats as the real step does, and publishes
-`versions/latest.json` with the fields of `asyncrl.roles.training.TrainingRunner.publish`. Each step also prints
+`versions/latest.json` with the fields of `asyncrl.roles.training_report.TrainingReport.publish`. Each step also prints
 `STEP {"version", "samples_trained", "t"}` on stdout for the benchmark's step clock.
 """
 
@@ -176,7 +176,7 @@ class StandInTrainer:
         metrics = {"reward/mean": sum(rewards) / len(rewards), "staleness/mean": stale["staleness_mean"],
                    "staleness/max": stale["staleness_max"], "throughput/samples_per_s": n / max(1e-9, t2 - t0),
                    "time/wait_s": t1 - t0, "time/sync_s": t2 - t1, "time/step_s": t2 - t0, "version": self.version}
-        for writer in sorted(self.groups.cursors):  # as `TrainingRunner.rollout_metrics`
+        for writer in sorted(self.groups.cursors):  # as `TrainingReport.rollout_metrics`
             doc = self.ctx.store.get_json(self.ctx.paths.rollout_stats(writer)) or {}
             for k, v in doc.get("metrics", {}).items():
                 if isinstance(v, int | float) and "/server" not in k and k != "rollout/version":
@@ -185,7 +185,7 @@ class StandInTrainer:
         return metrics
 
     def publish(self, metrics: dict[str, float], kept_by_writer: dict[str, int] | None = None) -> None:
-        """The document of `TrainingRunner.publish` (no checksum, no weight group: there are no weights)."""
+        """The document of `TrainingReport.publish` (no checksum, no weight group: there are no weights)."""
         kept = kept_by_writer or {}
         self.last_metrics = metrics
         counters = {k: v for k, v in self.c.items() if k != "trained_by_writer"}

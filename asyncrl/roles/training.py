@@ -11,20 +11,25 @@ One training step k (version k → k+1):
 3. sync: broadcast the new weights in buckets to the generation servers of the weight group (they pause, load,
    resume); a lost server leaves the group and a restarted one joins it (`asyncrl.roles.weight_group`);
 4. publish `versions/latest.json` (version, per-writer consumed counts, the weights' checksum at checkpoints and
-   the last step, metrics), log to MLflow, and
+   the last step, metrics), log to MLflow (`asyncrl.roles.training_report`, after the step), and
    every `checkpoint_every` steps write a checkpoint (model, optimizer, cursors; `COMMITTED` last).
 On start it resumes from the newest committed checkpoint, if any. At the end it writes the run's `done` marker.
 
 Data parallel (`training.num_processes` = W > 1, one rank per GPU of the pod, or CPU processes): the same entrypoint
-under torchrun. Rank 0 (the leader) alone reads S3 groups, runs the critic phase, publishes, logs to MLflow,
-checkpoints and pushes weights; every rank runs the actor update on its share. The followers run `follow()`: they
-obey the leader's commands on the control channel (`asyncrl.training.distributed`):
-- "resume" (step = the checkpoint version, −1 for none): load that checkpoint from S3 (collective under ZeRO-3);
-- "step": the actor update (`Learner.follow_step`), then the same collective call as the leader: the full weights
-  (gathered for the push);
-- "checkpoint" (sent after the push, which may take long): optimizer then model state, as the leader saves them;
-- "stop": exit (the leader sends it at the end, and tries to when it fails between steps).
-Each command says how long the followers may wait for the next one (`next_wait_s`); a missed deadline is an error.
+under torchrun, and every rank runs the same `start()` and `step()` (SPMD). The invariant: every rank calls the same
+collectives in the same order, each with a deadline. Rank 0 alone does the I/O (S3, the generation servers, MLflow)
+and what only it can decide reaches the others in one broadcast (`asyncrl.training.distributed.Decisions.share`):
+- start: "resume" (rank 0 found the newest committed checkpoint, −1 for none); every rank loads it (collective
+  under ZeRO-3), then gathers the weights (`PolicyTrainer.snapshot`); rank 0 pushes them to the servers;
+- each step: rank 0 takes the groups, builds the batch and runs the critic phase, then shares "step" (the prepared
+  batch; `checkpoint`: a checkpoint is due after it) or "stop" (the last step is done); every rank then runs the
+  actor update (collective) and the snapshot (the weights, and at a checkpoint the optimizer state: the gathers
+  ZeRO needs, before the push, so a long push never holds a training collective past its deadline); then rank 0
+  alone pushes, publishes, and writes the checkpoint from the snapshot (`checkpoint()`, a no-op elsewhere).
+Rank-0-only I/O inside calls every rank makes: `step()` (collect, push), `checkpoint()`, the report after the step.
+A rank that fails makes the others miss a deadline (they raise `ChannelTimeout` or the training group's timeout);
+rank 0 failing while the others wait for its next decision tells them "stop" at once. The others wait for that
+decision up to `step_wait_s` (twice after a checkpoint step: the push, the checkpoint write and the next batch).
 
 Run: `python -m asyncrl.roles.training --run-url s3://bucket/prefix/run_id`, or
 `torchrun --standalone --nnodes 1 --nproc-per-node W -m asyncrl.roles.training --run-url ... --id 0`.
@@ -36,14 +41,12 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any
 
 import torch
 
 from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.roles.context import RoleContext, role_arg_parser, setup_logging
-from asyncrl.roles.role_metrics import read_role_metrics
-from asyncrl.roles.step_reporter import StepReporter
+from asyncrl.roles.training_report import Counters, StepResult, Taken, TrainingReport
 from asyncrl.roles.weight_group import WeightGroup
 from asyncrl.storage.checkpoints import (
     flatten_optimizer_state,
@@ -55,47 +58,16 @@ from asyncrl.storage.checkpoints import (
 )
 from asyncrl.storage.group_prefetch import GroupPrefetcher
 from asyncrl.tracking.mlflow_tracker import Tracker
-from asyncrl.training.batch import build_batch
-from asyncrl.training.distributed import Command
+from asyncrl.training.batch import TrainBatch, build_batch
+from asyncrl.training.distributed import Command, Decisions
 from asyncrl.training.learner import Learner
+from asyncrl.training.policy import Snapshot
 from asyncrl.training.process_group import launcher_world_size
-from asyncrl.training.staleness import split_stale, staleness_histogram, staleness_stats
+from asyncrl.training.staleness import split_stale
 from asyncrl.types import Group
 from asyncrl.weights.sync import weights_checksum
 
 log = logging.getLogger(__name__)
-
-# MLflow gets the steps at most once a second, several per call: one database commit per call, not per step (a
-# commit per step cost ~10 % of a core on a 2-core machine at ~2 steps/s). The last step is logged at once.
-REPORT_EVERY_S = 1.0
-
-
-class Counters:
-    """Run-wide totals, saved in checkpoints so a resumed run reports the whole run."""
-
-    def __init__(self, d: dict[str, Any] | None = None) -> None:
-        d = d or {}
-        self.groups_trained = int(d.get("groups_trained", 0))
-        self.samples_trained = int(d.get("samples_trained", 0))
-        self.groups_dropped_stale = int(d.get("groups_dropped_stale", 0))
-        # objects the reader moved aside or skipped in earlier attempts of the run (a resume starts a new reader)
-        self.quarantined_objects = int(d.get("quarantined_objects", 0))
-        # the groups those objects held (an object may hold several; runs before that: one each)
-        self.quarantined_groups = int(d.get("quarantined_groups", self.quarantined_objects))
-        self.gaps_skipped = int(d.get("gaps_skipped", 0))
-        self.samples_dropped_stale = int(d.get("samples_dropped_stale", 0))
-        self.staleness_sum = float(d.get("staleness_sum", 0.0))
-        self.staleness_max = int(d.get("staleness_max", 0))
-        self.train_wall_s = float(d.get("train_wall_s", 0.0))
-        # steady state: every step but the first of a (re)start, whose wait includes filling the rollout pipeline
-        self.steady_steps = int(d.get("steady_steps", 0))
-        self.steady_samples = int(d.get("steady_samples", 0))
-        self.steady_wall_s = float(d.get("steady_wall_s", 0.0))
-        # per writer: groups trained in completed steps (the rollout scheduler's admission slots, see scheduler.py)
-        self.trained_by_writer: dict[str, int] = {str(k): int(v) for k, v in d.get("trained_by_writer", {}).items()}
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
 
 
 def check_world_size(num_processes: int, world_size: int) -> None:
@@ -111,80 +83,91 @@ class TrainingRunner:
         self.ctx, self.cfg = ctx, ctx.cfg
         check_world_size(self.cfg.training.num_processes, launcher_world_size())
         t = self.cfg.timeouts
-        # the followers' waits for the leader's next command (see the module docstring): a step's batch, plus its
-        # weight push, which may re-form the generation group (a failed push, a join of up to 2 deadlines, the push
-        # again) or wait for a generation server to answer
+        # how long the other ranks wait for rank 0's next decision (see the module docstring): a step's batch, plus
+        # its weight push, which may re-form the generation group (a failed push, a join of up to 2 deadlines, the
+        # push again) or wait for a generation server to answer
         push_s = 4 * t.collective_s + 60.0
         self.step_wait_s = t.batch_wait_s + push_s + t.rendezvous_s
         self.start_wait_s = t.rendezvous_s + t.batch_wait_s + push_s
         self.model_path = ctx.model_folder()
         self.pad_id = int(load_tokenizer(self.model_path).pad_token_id)
         self.learner = Learner(self.model_path, self.cfg.training, timeout_s=t.collective_s,
-                               control_timeout_s=self.start_wait_s)
+                               control_timeout_s=2 * self.step_wait_s)
         self.policy = self.learner.policy
-        self.channel = self.policy.channel
-        self.is_leader = self.policy.is_leader
-        self.tracker: Tracker | None = None
-        self.reporter: StepReporter | None = None  # the leader's, started by `lead`
-        tracking = ctx.store.get_json(ctx.paths.tracking()) if self.is_leader else None
-        if tracking:
-            self.tracker = Tracker.attach(tracking["tracking_uri"], tracking["mlflow_run_id"])
-        # the leader's read-ahead (started by `lead`); from then on its reader is the prefetch thread's alone
-        self.groups = GroupPrefetcher.for_run(ctx.store, ctx.paths, self.cfg.rollout.num_writers,
-                                              self.cfg.rollout.prompts_per_step, self.cfg.timeouts.group_gap_wait_s)
-        self.reader = self.groups.reader
-        self._followers_idle = False  # the followers wait for a command: a "stop" cannot cross another collective
+        self.decisions = Decisions(self.policy.channel, t.collective_s)
+        self.is_rank0 = self.policy.is_leader
         self.version = 0
-        self.counters = Counters()
-        self.weights = WeightGroup(ctx, self.policy.device)
-        self.checksum: dict[str, float] = {}
-        self.last_metrics: dict[str, float] = {}
-        self.first_step = 0
+        # rank 0's I/O (None on the other ranks): the groups read ahead from S3 (`start` starts the thread; from then
+        # on the reader is the prefetch thread's alone), the generation servers' weight group, the report
+        self.groups: GroupPrefetcher | None = None
+        self.weights: WeightGroup | None = None
+        self.report: TrainingReport | None = None
+        if self.is_rank0:
+            tracking = ctx.store.get_json(ctx.paths.tracking())
+            tracker = Tracker.attach(tracking["tracking_uri"], tracking["mlflow_run_id"]) if tracking else None
+            self.groups = GroupPrefetcher.for_run(ctx.store, ctx.paths, self.cfg.rollout.num_writers,
+                                                  self.cfg.rollout.prompts_per_step, t.group_gap_wait_s)
+            self.weights = WeightGroup(ctx, self.policy.device)
+            self.report = TrainingReport(ctx, self.groups, self.weights, tracker)
 
-    # ---- start ---------------------------------------------------------------------------------------
-    def _command(self, command: str, step: int, next_wait_s: float) -> None:
-        """Leader: send a tensor-less command to the followers (nothing with W = 1)."""
-        if self.channel is not None:
-            self._followers_idle = False
-            self.channel.send(Command(command, step, {"next_wait_s": next_wait_s}), None, self.cfg.timeouts.collective_s)
+    # ---- start (every rank) ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Every rank: resume from the checkpoint rank 0 found (one broadcast), gather the weights; rank 0 then
+        connects the generation servers (and brings them to the resumed version)."""
+        if self.report is not None:
+            self.report.start()
+        decision = None
+        if self.is_rank0:
+            latest = latest_committed_version(self.ctx.store, self.ctx.paths)
+            decision = Command("resume", -1 if latest is None else latest)
+        # the other ranks wait from the common DeepSpeed init: rank 0 reads the tracking document meanwhile
+        cmd, _ = self.decisions.share(decision, None, self.cfg.timeouts.collective_s)
+        if cmd.step >= 0:
+            self.resume(cmd.step)
+        if self.groups is not None:
+            self.groups.start()  # read ahead from the (restored) cursors while the weights connect
+        snapshot = self.policy.snapshot()  # collective under ZeRO-3
+        self.decisions.peers_idle()
+        if snapshot is not None:
+            self.connect_generation(snapshot.weights)
 
-    def _load_policy_state(self, v: int) -> dict[str, Any]:
-        """Every rank: load checkpoint `v`'s model and optimizer into the actor (collective under ZeRO-3)."""
+    def resume(self, v: int) -> None:
+        """Every rank: load checkpoint `v`'s model and optimizer into the actor (collective under ZeRO-3); rank 0
+        also the critics, the groups' cursors and the run's counters."""
         model_state, opt_tensors, meta = load_checkpoint(self.ctx.store, self.ctx.paths, v)
         self.policy.load_state(model_state, unflatten_optimizer_state(opt_tensors, meta["optimizer_skeleton"]))
-        return meta
-
-    def resume(self) -> None:
-        v = latest_committed_version(self.ctx.store, self.ctx.paths)
-        self._command("resume", -1 if v is None else v, self.start_wait_s)
-        if v is None:
+        self.version = v
+        if self.report is None or self.groups is None:
+            log.info("rank %d: resumed from checkpoint %d", self.policy.rank, v)
             return
-        meta = self._load_policy_state(v)
         extra = {name: load_checkpoint_tensors(self.ctx.store, self.ctx.paths, v, name)
                  for name in self.learner.extra_file_names()}
         self.learner.load_extra(extra)
         self.groups.restore(meta["cursors"])
-        self.counters = Counters(meta["counters"])
-        self.version = v
+        self.report.counters = Counters(meta["counters"])
         log.info("resumed from checkpoint %d (cursors %s)", v, meta["cursors"])
 
     def connect_generation(self, weights: list[tuple[str, torch.Tensor]]) -> None:
-        """Form the weight-sync group with the generation servers; `weights` = the actor's weights at `self.version`.
+        """Rank 0: form the weight-sync group with the generation servers; `weights` = the actor's at `self.version`.
 
         The push backend is NCCL where CUDA is available (the tensors go through the rank's GPU), else gloo.
         Servers lost or back later re-form the group (`asyncrl.roles.weight_group`).
         """
+        assert self.weights is not None and self.report is not None
         self.weights.connect()
         if self.version > 0:
             self.push(weights)  # resumed: the servers started from the warm start, bring them to this version
         else:
-            self.checksum = weights_checksum(weights)  # servers load the same folder
-        self.publish({})
+            self.report.checksum = weights_checksum(weights)  # servers load the same folder
+        self.report.publish(self.version, {})
 
-    # ---- one step ------------------------------------------------------------------------------------
-    def collect(self, step: int) -> tuple[list[Group], list[Group], dict[str, int]]:
-        """Take groups until B fresh ones are in hand: (kept, dropped as stale, kept per writer). Staleness is judged
-        here, when a group is taken; the wait (on the prefetch buffer, no polling here) ends by `batch_wait_s`."""
+    # ---- one step (every rank) -----------------------------------------------------------------------------
+    def collect(self, step: int) -> Taken:
+        """Rank 0: take groups until B fresh ones are in hand (kept, dropped as stale, kept per writer). Staleness is
+        judged here, when a group is taken; the wait (on the prefetch buffer, no polling here) ends by
+        `batch_wait_s`."""
+        assert self.groups is not None and self.report is not None
+        t0, cpu0 = time.monotonic(), time.process_time()
         need = self.cfg.rollout.prompts_per_step
         kept: list[Group] = []
         dropped: list[Group] = []
@@ -196,7 +179,7 @@ class TrainingRunner:
             if not got:
                 if len(dropped) > announced:
                     announced = len(dropped)
-                    self.publish(self.last_metrics, kept_by_writer=by_writer)
+                    self.report.publish(self.version, self.report.last_metrics, kept_by_writer=by_writer)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(
@@ -210,220 +193,102 @@ class TrainingRunner:
                 dropped += stale
                 if fresh:
                     by_writer[writer] = by_writer.get(writer, 0) + 1
-        return kept, dropped, by_writer
-
-    def push(self, weights: list[tuple[str, torch.Tensor]], checksum: bool = True) -> None:
-        self.checksum = self.weights.push(self.version, weights, checksum=checksum)
-
-    def sync_weights(self) -> dict[str, float]:
-        # collective under ZeRO-3: the followers gather too. The checksum (published in versions/latest.json) only
-        # where it is compared: at checkpoints and the last step (the launcher compares the servers' with it);
-        # elsewhere {} (on a GPU it would copy every weight to the host at every step)
-        self.push(self.policy.named_weights(), checksum=self.checkpoint_due(self.version))
-        return self.checksum
+        return Taken(kept, dropped, by_writer, time.monotonic() - t0, time.process_time() - cpu0)
 
     def checkpoint_due(self, version: int) -> bool:
         return version % self.cfg.training.checkpoint_every == 0 or version == self.cfg.training.steps
 
-    def step(self, step: int) -> dict[str, float]:
-        t0, cpu0 = time.monotonic(), time.process_time()
-        kept, dropped, by_writer = self.collect(step)
-        t1, wait_cpu_s = time.monotonic(), time.process_time() - cpu0  # the whole process: the prefetch thread too
-        batch = build_batch(kept, norm_std=self.cfg.training.norm_std, pad_id=self.pad_id)
-        self._followers_idle = False
-        train_metrics = self.learner.train_step(
-            batch, step, temperature=self.cfg.rollout.temperature,
-            info={"next_wait_s": self.step_wait_s},
-        )
+    def decide(self, step: int, wait_s: float) -> tuple[Command, TrainBatch | None, Taken | None, dict[str, float]]:
+        """Every rank: rank 0's decision for `step`, shared in one broadcast: "stop" after the last step, else "step"
+        with the prepared batch (rank 0 takes the groups, builds the batch, runs the critic phase). The others wait
+        up to `wait_s`; rank 0 also returns what it took and the critic phase's metrics."""
+        if not self.is_rank0:
+            cmd, batch = self.decisions.share(None, None, wait_s)
+            return cmd, batch, None, {}
+        if step >= self.cfg.training.steps:
+            return self.decisions.share(Command("stop", step, {"failed": False}), None, wait_s) + (None, {})
+        taken = self.collect(step)
+        batch = build_batch(taken.kept, norm_std=self.cfg.training.norm_std, pad_id=self.pad_id)
+        metrics = self.learner.prepare(batch, step)
+        cmd = Command("step", step, {"checkpoint": self.checkpoint_due(step + 1)})
+        self.decisions.share(cmd, batch if self.learner.trains_actor(step) else None, wait_s)
+        return cmd, batch, taken, metrics
+
+    def step(self, step: int, wait_s: float) -> StepResult | None:
+        """Every rank, the same collectives in the same order: rank 0's decision (one broadcast), the actor update,
+        the snapshot's gathers; then rank 0 alone pushes the weights. None when rank 0 said "stop"."""
+        t0 = time.monotonic()
+        cmd, batch, taken, metrics = self.decide(step, wait_s)
+        t1 = t0 + taken.wait_s if taken is not None else time.monotonic()  # rank 0: train_s from the batch's build
+        if cmd.command == "stop":
+            (log.warning if cmd.info.get("failed") else log.info)(
+                "rank %d: rank 0 said stop%s (step %d)", self.policy.rank,
+                " after a failure" if cmd.info.get("failed") else "", cmd.step)
+            return None
+        if cmd.step != step:
+            raise RuntimeError(f"training rank {self.policy.rank}: at step {step}, rank 0 sent step {cmd.step}")
+        metrics |= self.learner.update_actor(batch, step, temperature=self.cfg.rollout.temperature)
         t2 = time.monotonic()
         self.version = step + 1
-        self.sync_weights()
-        t3 = time.monotonic()
+        checkpoint = bool(cmd.info["checkpoint"])
+        # the gathers every rank takes part in: the weights to push, at checkpoints the optimizer state too
+        snapshot = self.policy.snapshot(optimizer=checkpoint)  # in time/sync_s, as the weights' gather always was
+        self.decisions.peers_idle()
+        if snapshot is not None:
+            # the checksum (published in versions/latest.json) only where it is compared: at checkpoints and the
+            # last step (the launcher compares the servers' with it); elsewhere {} (on a GPU it would copy every
+            # weight to the host at every step)
+            self.push(snapshot.weights, checksum=checkpoint)
+        return StepResult(step, checkpoint, metrics, taken, snapshot, train_s=t2 - t1, sync_s=time.monotonic() - t2)
 
-        c = self.counters
-        n_samples = sum(len(g.samples) for g in kept)
-        stale = staleness_stats(kept, step)
-        c.groups_trained += len(kept)
-        c.samples_trained += n_samples
-        c.groups_dropped_stale += len(dropped)
-        c.samples_dropped_stale += sum(len(g.samples) for g in dropped)
-        c.staleness_sum += stale["staleness_mean"] * n_samples
-        c.staleness_max = max(c.staleness_max, int(stale["staleness_max"]))
-        c.train_wall_s += t3 - t0
-        if step > self.first_step:
-            c.steady_steps += 1
-            c.steady_samples += n_samples
-            c.steady_wall_s += t3 - t0
-        for writer, n in by_writer.items():
-            c.trained_by_writer[writer] = c.trained_by_writer.get(writer, 0) + n
-        rewards = [s.reward for g in kept for s in g.samples]
-        metrics = {
-            **{(k if "/" in k else f"train/{k}"): float(v) for k, v in train_metrics.items()},
-            "reward/mean": sum(rewards) / len(rewards),
-            "reward/accuracy": sum(r >= 1.0 for r in rewards) / len(rewards),
-            "staleness/mean": stale["staleness_mean"],
-            "staleness/max": stale["staleness_max"],
-            "staleness/dropped_groups_total": c.groups_dropped_stale,
-            "staleness/dropped_samples_total": c.samples_dropped_stale,
-            "storage/quarantined_objects_total": c.quarantined_objects + len(self.groups.quarantined),
-            "storage/gaps_skipped_total": c.gaps_skipped + len(self.groups.gaps_skipped),
-            "storage/retries_total": self.ctx.store.stats.retries,
-            "storage/gave_up_total": self.ctx.store.stats.gave_up,
-            "throughput/samples_per_s": n_samples / (t3 - t0),
-            "time/wait_s": t1 - t0,
-            "time/wait_cpu_s": wait_cpu_s,
-            "time/train_s": t2 - t1,
-            "time/sync_s": t3 - t2,
-            "time/step_s": t3 - t0,
-            "version": self.version,
-        }
-        for k, v in stale.items():
-            if k not in ("staleness_mean", "staleness_max"):
-                metrics[f"staleness/{k}"] = float(v)
-        for lag, count in staleness_histogram(kept, step, self.cfg.rollout.async_ratio).items():
-            metrics[f"staleness/hist_{lag}"] = float(count)
-        metrics.update(self.weights.metrics())
-        return metrics
+    def push(self, weights: list[tuple[str, torch.Tensor]], checksum: bool = True) -> None:
+        """Rank 0: the weights of `self.version` to the generation servers."""
+        assert self.weights is not None and self.report is not None
+        self.report.checksum = self.weights.push(self.version, weights, checksum=checksum)
 
-    def external_metrics(self) -> dict[str, float]:
-        """The other roles' figures: the writers' rollout stats and every role's heartbeat metrics (S3 reads: the
-        step reporter's thread calls this, never the step)."""
-        return {**self.rollout_metrics(), **read_role_metrics(self.ctx.store, self.ctx.paths)}
-
-    def rollout_metrics(self) -> dict[str, float]:
-        """The environment writers' latest rollout metrics (`stats/<writer>.json`), summed over writers for
-        counters, per writer for the per-server figures."""
-        out: dict[str, float] = {}
-        for writer in sorted(self.groups.cursors):
-            doc = self.ctx.store.get_json(self.ctx.paths.rollout_stats(writer))
-            for k, v in (doc or {}).get("metrics", {}).items():
-                if not isinstance(v, int | float):
-                    continue
-                if "/server" in k:
-                    out[k.replace("rollout/", f"rollout/{writer}/", 1)] = float(v)
-                elif k != "rollout/version":
-                    out[k] = out.get(k, 0.0) + float(v)
-        return out
-
-    def publish(self, metrics: dict[str, float], kept_by_writer: dict[str, int] | None = None) -> None:
-        """Write `versions/latest.json`. `kept_by_writer` (mid-step, after stale drops): the groups read for the
-        step under way, left out of `consumed`, so that consumed − trained is exactly what was dropped as stale and
-        a writer whose whole window went stale may admit again instead of waiting for a step that cannot fill."""
-        kept = kept_by_writer or {}
-        self.last_metrics = metrics
-        doc = {
-            "version": self.version,
-            "consumed": {w: n - kept.get(w, 0) for w, n in self.groups.cursors.items()},
-            "trained": self.counters.trained_by_writer,
-            "counters": self.run_counters(),
-            "checksum": self.checksum,
-            "weight_group": self.weights.document(),
-            "metrics": metrics,
-            "time": time.time(),
-        }
-        self.ctx.store.put_json(self.ctx.paths.versions_latest(), doc)
-
-    def run_counters(self) -> dict[str, Any]:
-        """The run-wide counters, with this attempt's quarantined objects and skipped gaps added."""
-        c = self.counters.as_dict()
-        c["quarantined_objects"] += len(self.groups.quarantined)
-        c["quarantined_groups"] += sum(r.groups or 1 for r in self.groups.quarantined)
-        c["gaps_skipped"] += len(self.groups.gaps_skipped)
-        return c
-
-    def checkpoint(self) -> None:
-        # optimizer, then model state: the followers' `_checkpoint_collectives` order
-        opt_tensors, skeleton = flatten_optimizer_state(self.policy.optimizer_state())
-        meta = {"version": self.version, "cursors": self.groups.cursors, "counters": self.run_counters(),
-                "optimizer_skeleton": skeleton}
-        save_checkpoint(self.ctx.store, self.ctx.paths, self.version, self.policy.model_state(), opt_tensors, meta,
-                        extra=self.learner.checkpoint_extra())
-        log.info("checkpoint %d committed", self.version)
-
-    def run(self) -> None:
-        """The leader's run (the whole run with W = 1); a follower's `follow()`."""
-        if not self.is_leader:
-            self.follow()
+    def checkpoint(self, result: StepResult) -> None:
+        """Every rank, after the step: rank 0 writes the checkpoint of `result.version` when one is due, from the
+        step's snapshot (no collective: the ranks took part in its gathers)."""
+        snap: Snapshot | None = result.snapshot
+        if not result.checkpoint or snap is None:
             return
+        assert snap.optimizer is not None and self.groups is not None and self.report is not None
+        opt_tensors, skeleton = flatten_optimizer_state(snap.optimizer)
+        meta = {"version": result.version, "cursors": self.groups.cursors, "counters": self.report.run_counters(),
+                "optimizer_skeleton": skeleton}
+        save_checkpoint(self.ctx.store, self.ctx.paths, result.version, snap.model_state(), opt_tensors, meta,
+                        extra=self.learner.checkpoint_extra())
+        log.info("checkpoint %d committed", result.version)
+
+    # ---- the run (every rank) --------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Every rank: start, then steps until rank 0 says "stop"; rank 0 reports after each step and writes the run's
+        `done` marker at the end."""
         try:
-            self.lead()
+            self.start()
+            if self.report is not None:
+                self.report.first_step = self.version
+            step, wait_s = self.version, self.start_wait_s
+            while (result := self.step(step, wait_s)) is not None:
+                if self.report is not None:
+                    self.report.after_step(result)
+                self.checkpoint(result)
+                step += 1
+                # the push, after a checkpoint step the checkpoint's write too, and the next batch
+                wait_s = self.step_wait_s * (2 if result.checkpoint else 1)
         except BaseException:
-            if self.channel is not None and self._followers_idle:
-                try:
-                    self._command("stop", -1, 0.0)
-                except Exception as e:  # the original error is the one to raise
-                    log.warning("could not tell the followers to stop: %s", e)
+            self.decisions.stop_peers(self.version)
             raise
-        self._command("stop", self.cfg.training.steps, 0.0)
-
-    def lead(self) -> None:
-        tracker = self.tracker
-        self.reporter = StepReporter(
-            self.external_metrics,
-            tracker.log_steps if tracker is not None else None,
-            read_every_s=min(self.cfg.rollout.stats_interval_s, self.cfg.timeouts.heartbeat_s),
-            log_every_s=REPORT_EVERY_S)
-        self.resume()
-        self.groups.start()  # read ahead from the (restored) cursors while the weights connect
-        weights = self.policy.named_weights()  # collective under ZeRO-3: the followers gather after "resume" too
-        self._followers_idle = True
-        self.connect_generation(weights)
-        steps = self.cfg.training.steps
-        self.first_step = self.version
-        for step in range(self.version, steps):
-            metrics = self.step(step)
-            assert self.reporter is not None
-            self.publish({**metrics, **self.reporter.external()})
-            self.reporter.submit(metrics, self.version, fresh=self.version == steps)
-            if self.checkpoint_due(self.version):
-                # after the push: the followers join the checkpoint's collectives only when told, so a long push
-                # (the generation group re-formed) never runs a training collective past its deadline
-                self._command("checkpoint", self.version, self.step_wait_s)
-                self.checkpoint()
-            self._followers_idle = True
-            log.info("step %d/%d reward %.3f acc %.3f loss %.4f staleness %.2f/%d %.1f samples/s",
-                     self.version, steps, metrics["reward/mean"], metrics["reward/accuracy"],
-                     metrics.get("train/loss", float("nan")), metrics["staleness/mean"],
-                     int(metrics["staleness/max"]), metrics["throughput/samples_per_s"])
-        self.reporter.flush(self.cfg.timeouts.http_s)  # every step in MLflow before the run is marked done
-        self.ctx.store.put_json(self.ctx.paths.done(), {"version": self.version, "time": time.time()})
-
-    # ---- followers (ranks 1..W-1) ----------------------------------------------------------------------
-    def follow(self) -> None:
-        """Obey the leader's commands until "stop"; a missed deadline raises `ChannelTimeout`."""
-        assert self.channel is not None
-        wait_s = self.cfg.timeouts.collective_s  # the leader sends "resume" right after the common DeepSpeed init
-        while True:
-            cmd, tensors = self.channel.receive(wait_s)
-            wait_s = float(cmd.info.get("next_wait_s", self.step_wait_s))
-            log.debug("rank %d: %s step %d", self.policy.rank, cmd.command, cmd.step)
-            if cmd.command == "stop":
-                log.info("rank %d: the leader said stop (step %d)", self.policy.rank, cmd.step)
-                return
-            if cmd.command == "checkpoint":
-                self._checkpoint_collectives()
-                continue
-            if cmd.command == "resume":
-                if cmd.step >= 0:
-                    self._load_policy_state(cmd.step)
-                    log.info("rank %d: resumed from checkpoint %d", self.policy.rank, cmd.step)
-            else:
-                self.learner.follow_step(cmd, tensors)
-            if self.policy.stage == 3:
-                self.policy.named_weights()  # the leader gathers the weights to push
-
-    def _checkpoint_collectives(self) -> None:
-        """A follower's part of the leader's `checkpoint()`: the same state calls, in the same order."""
-        if self.policy.stage > 0:
-            self.policy.optimizer_state()
-        if self.policy.stage == 3:
-            self.policy.model_state()
+        if self.report is not None:
+            self.report.finish(self.version)
 
     def close(self) -> None:
-        if self.reporter is not None:
-            self.reporter.close(self.cfg.timeouts.http_s)
-        self.groups.close()  # first: no S3 reads behind a closing role
-        self.weights.close()
+        if self.report is not None:
+            self.report.close()
+        if self.groups is not None:
+            self.groups.close()  # first: no S3 reads behind a closing role
+        if self.weights is not None:
+            self.weights.close()
         self.learner.close()
 
 

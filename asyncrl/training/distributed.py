@@ -1,13 +1,15 @@
-"""Data-parallel training ranks: how the leader (rank 0) hands each step to the followers, and how the ranks split it.
+"""Data-parallel training ranks (SPMD): how rank 0's decisions reach every rank, and how the ranks split a step.
 
-Owns, for the training role run under torchrun with W ranks:
+Owns, for the training role run under torchrun with W ranks, every rank running the same step:
 - the row split of one step's `TrainBatch` (`shard_micro_batches`): rank r takes a contiguous share of the rows
   (shares differ by at most one row), cut into micro batches; every rank gets the SAME number of micro batches, a
   rank with fewer is padded with all-masked one-row micro batches (loss 0, gradient 0), so every rank runs the same
   number of forward/backward calls (ZeRO 2/3 reduce in buckets during backward and must stay in step);
-- the control channel (`ControlChannel`): the leader's command (a JSON header: command, step, free-form `info`,
-  and the names, shapes and dtypes of the tensors that follow) as a uint8 tensor, its length first, then each
-  tensor by `dist.broadcast`; and the gather of JSON documents (per-rank metric parts) from every rank.
+- the control channel (`ControlChannel`): one `Command` (a JSON header: command, step, free-form `info`, and the
+  names, shapes and dtypes of the tensors that follow) from rank 0 as a uint8 tensor, its length first, then each
+  tensor by `dist.broadcast`; and the gather of JSON documents (per-rank metric parts) from every rank;
+- `Decisions`: what rank 0 alone can decide (it alone reads S3: the checkpoint to resume from, the step's batch,
+  checkpoint now, stop), shared with every rank by one `share` call, the same call on every rank.
 
 Invariants:
 - nothing is pickled: headers and gathered documents are JSON bytes in uint8 tensors, tensors travel raw with
@@ -15,7 +17,9 @@ Invariants:
 - every collective has a deadline (`async_op=True` + `work.wait(timeout)`); a missed deadline raises
   `ChannelTimeout` naming what was awaited;
 - the channel runs over its own gloo group (CPU tensors, also when the training group is NCCL on GPUs), whose
-  process-group timeout is the longest wait any caller asks for, so the per-call deadline is the one that bites.
+  process-group timeout is the longest wait any caller asks for, so the per-call deadline is the one that bites;
+- rank 0 sends a "stop" out of turn (`Decisions.stop_peers`, when it fails) only while the other ranks wait in
+  `share` (`peers_waiting`), never while they may be in another collective of the channel.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from asyncrl.training.batch import TrainBatch
 
 log = logging.getLogger(__name__)
 
-COMMANDS = ("resume", "step", "checkpoint", "stop")
+COMMANDS = ("resume", "step", "stop")
 MAX_HEADER_BYTES = 1 << 20
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -117,7 +121,7 @@ def batch_from_tensors(tensors: dict[str, Tensor]) -> TrainBatch:
 
 @dataclass
 class Command:
-    """One leader → followers message: `command` in COMMANDS, the training `step`, and JSON `info`."""
+    """One rank 0 → every rank message: `command` in COMMANDS, the training `step`, and JSON `info`."""
 
     command: str
     step: int
@@ -169,7 +173,7 @@ def _wait(work: dist.Work | None, timeout_s: float, what: str) -> None:
 
 
 class ControlChannel:
-    """The leader's command broadcast and the ranks' JSON gather over a dedicated gloo group.
+    """Rank 0's command broadcast and the ranks' JSON gather over a dedicated gloo group.
 
     Create it on every rank at the same point (`create` is collective: `dist.new_group`). `group_timeout_s` is
     the process-group timeout: at least the longest `timeout_s` any call will pass.
@@ -191,21 +195,21 @@ class ControlChannel:
         _wait(dist.broadcast(t, 0, group=self.group, async_op=True), timeout_s, what)
 
     def send(self, cmd: Command, tensors: dict[str, Tensor] | None, timeout_s: float) -> None:
-        """Leader: broadcast `cmd` and then `tensors` (CPU, made contiguous) to every follower."""
+        """Rank 0: broadcast `cmd` and then `tensors` (CPU, made contiguous) to every other rank."""
         if not self.is_leader:
-            raise RuntimeError("ControlChannel.send: only rank 0 (the leader) sends commands")
+            raise RuntimeError("ControlChannel.send: only rank 0 sends commands")
         tensors = {n: t.detach().cpu().contiguous() for n, t in (tensors or {}).items()}
         header = encode_header(cmd, tensors)
-        what = f"leader: sending {cmd.command!r} of step {cmd.step}"
+        what = f"training rank 0: sending {cmd.command!r} of step {cmd.step}"
         self._bcast(torch.tensor([header.numel()], dtype=torch.int64), timeout_s, what)
         self._bcast(header, timeout_s, what)
         for name, t in tensors.items():
             self._bcast(t, timeout_s, f"{what} (tensor {name!r})")
 
     def receive(self, timeout_s: float) -> tuple[Command, dict[str, Tensor]]:
-        """Follower: wait up to `timeout_s` for the leader's next command, then receive its tensors."""
+        """Ranks 1..W−1: wait up to `timeout_s` for rank 0's next command, then receive its tensors."""
         if self.is_leader:
-            raise RuntimeError("ControlChannel.receive: rank 0 (the leader) does not receive commands")
+            raise RuntimeError("ControlChannel.receive: rank 0 sends, it does not receive commands")
         what = f"training rank {self.rank}: waiting for the leader's (rank 0) next command"
         length = torch.zeros(1, dtype=torch.int64)
         self._bcast(length, timeout_s, what)
@@ -237,3 +241,45 @@ class ControlChannel:
         _wait(dist.all_gather(bufs, padded, group=self.group, async_op=True), timeout_s, what)
         return [json.loads(bytes(b[: int(n[0])].numpy().tobytes()).decode()) for b, n in zip(bufs, lengths,
                                                                                             strict=True)]
+
+
+class Decisions:
+    """Rank 0's decisions on every rank: `share` is one broadcast over the control channel (nothing with W = 1).
+
+    Every rank calls `share` at the same point: rank 0 with its `Command` (and the batch, if any), the others with
+    None; they receive both within `wait_s` (`ChannelTimeout` past it). Rank 0 gets back what it passed (its own
+    batch, not a copy). `peers_idle()` (every rank, after the step's last collective) marks that the other ranks now
+    wait in `share`: until rank 0's next `share`, a failure of rank 0 may still tell them to stop (`stop_peers`).
+    """
+
+    def __init__(self, channel: ControlChannel | None, send_timeout_s: float) -> None:
+        self.channel = channel
+        self.send_timeout_s = send_timeout_s
+        self.peers_waiting = False
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.channel is None or self.channel.is_leader
+
+    def share(self, cmd: Command | None, batch: TrainBatch | None, wait_s: float) -> tuple[Command, TrainBatch | None]:
+        if self.channel is None or self.channel.is_leader:
+            if cmd is None:
+                raise ValueError("Decisions.share: rank 0 decides, it must pass the command")
+            if self.channel is not None:
+                self.peers_waiting = False
+                self.channel.send(cmd, batch_tensors(batch) if batch is not None else None, self.send_timeout_s)
+            return cmd, batch
+        got, tensors = self.channel.receive(wait_s)
+        return got, batch_from_tensors(tensors) if tensors else None
+
+    def peers_idle(self) -> None:
+        self.peers_waiting = self.channel is not None and self.channel.is_leader
+
+    def stop_peers(self, step: int) -> None:
+        """Rank 0, failing: tell the other ranks to stop, if they wait in `share` (else they miss a deadline)."""
+        if not self.peers_waiting:
+            return
+        try:
+            self.share(Command("stop", step, {"failed": True}), None, 0.0)
+        except Exception as e:  # the original error is the one to raise
+            log.warning("could not tell the other training ranks to stop: %s", e)

@@ -10,10 +10,10 @@ GRPO advantages that `build_batch` computed:
 3. the actor trains (`PolicyTrainer.train_step`; attention credit, when configured, rescales advantages there),
    except in the critic warm-up steps, where the actor is left unchanged.
 
-Data parallel (W ranks, torchrun): rank 0 (the leader) alone holds the critics and runs steps 1–2; it then sends the
-followers the "step" command with the prepared batch (advantages and masks final) over the policy's control
-channel, and every rank runs step 3 on its share (`PolicyTrainer.train_step` is collective). A follower calls
-`follow_step` with what it received.
+Data parallel (W ranks, torchrun, every rank running the same step): rank 0 alone holds the critics and runs
+steps 1–2 (`prepare`); the prepared batch (advantages and masks final) then reaches every rank (the training role
+shares it, `asyncrl.training.distributed.Decisions`), and every rank calls `update_actor` with it: step 3 on its
+share (`PolicyTrainer.train_step` is collective). A lone process may call `train_step` (both, in order).
 
 Invariants: the values feeding GAE and the masks are those of the critics before this step's update; a
 warm-up step changes no actor weight; critic weights and optimizer moments are part of the checkpoint.
@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 from torch import Tensor
 
@@ -33,7 +32,6 @@ from asyncrl.training.advantages import gae
 from asyncrl.training.asyppo import critic_owner, disagreement_masks
 from asyncrl.training.batch import TrainBatch
 from asyncrl.training.critic import CriticEnsemble
-from asyncrl.training.distributed import Command, batch_from_tensors, batch_tensors
 from asyncrl.training.policy import PolicyTrainer
 
 log = logging.getLogger(__name__)
@@ -43,12 +41,12 @@ CRITIC_OPTIMIZER_FILE = "critic_optimizer"
 
 
 class Learner:
-    """The actor (`PolicyTrainer`) and, with GAE, its critic(s) (`CriticEnsemble`, on the leader only)."""
+    """The actor (`PolicyTrainer`) and, with GAE, its critic(s) (`CriticEnsemble`, on rank 0 only)."""
 
     def __init__(
         self, model_path: Path, cfg: TrainingConfig, timeout_s: float = 300.0, control_timeout_s: float | None = None
     ) -> None:
-        """`timeout_s`: training collectives and the leader's sends; `control_timeout_s`: see `PolicyTrainer`."""
+        """`timeout_s`: training collectives and rank 0's sends; `control_timeout_s`: see `PolicyTrainer`."""
         self.cfg = cfg
         self.timeout_s = timeout_s
         critic_path = Path(cfg.critic.model_path) if cfg.critic.model_path else model_path
@@ -71,42 +69,36 @@ class Learner:
                 self.policy.close()  # do not leave the actor's process group behind
                 raise
 
-    def train_step(
-        self, batch: TrainBatch, step: int, temperature: float, info: dict[str, Any] | None = None
-    ) -> dict[str, float]:
-        """Train on `batch` at step `step` (0-based); returns the metrics, keys without the `train/` prefix for the
-        actor's and with `critic/` / `asyppo/` prefixes for the rest.
+    def train_step(self, batch: TrainBatch, step: int, temperature: float) -> dict[str, float]:
+        """A lone process (W = 1): `prepare` then `update_actor` on `batch` at step `step` (0-based); returns the
+        metrics, keys without the `train/` prefix for the actor's and with `critic/` / `asyppo/` prefixes for the
+        rest."""
+        if self.policy.world_size > 1:
+            raise RuntimeError("Learner.train_step: a lone process only; with W > 1 rank 0 calls prepare, shares the "
+                               "batch, and every rank calls update_actor")
+        return {**self.prepare(batch, step), **self.update_actor(batch, step, temperature)}
 
-        Leader only. With W > 1 it sends the followers the "step" command (its `info` holds `info` plus `train`,
-        `temperature`, `ent_coef`) and, when the actor trains, the prepared batch.
-        """
+    def prepare(self, batch: TrainBatch, step: int) -> dict[str, float]:
+        """Rank 0: the critic phase (steps 1–2), writing the advantages (and AsyPPO masks) into `batch`; its
+        metrics ({} without critics)."""
         if not self.policy.is_leader:
-            raise RuntimeError("Learner.train_step: only the leader (rank 0) starts a step; followers use follow_step")
-        metrics: dict[str, float] = {}
-        ent_coef = None
-        if self.critics is not None:
-            metrics.update(self._critic_phase(batch))
-            if self.cfg.asyppo is not None:
-                ent_coef = self.cfg.asyppo.ent_coef
-        train = step >= self.cfg.critic_warmup_steps
-        channel = self.policy.channel
-        if channel is not None:
-            header = {**(info or {}), "train": train, "temperature": temperature, "ent_coef": ent_coef}
-            channel.send(Command("step", step, header), batch_tensors(batch) if train else None, self.timeout_s)
-        if not train:
-            metrics["actor_updated"] = 0.0
-            return metrics
-        metrics.update(self.policy.train_step(batch, temperature=temperature, ent_coef=ent_coef))
-        metrics["actor_updated"] = 1.0
-        return metrics
+            raise RuntimeError("Learner.prepare: rank 0 alone holds the critics")
+        return self._critic_phase(batch) if self.critics is not None else {}
 
-    def follow_step(self, cmd: Command, tensors: dict[str, Tensor]) -> None:
-        """Follower: the actor update of the leader's "step" command `cmd` (nothing in a critic warm-up step)."""
-        if cmd.command != "step":
-            raise ValueError(f"follow_step: expected a 'step' command, got {cmd.command!r}")
-        if cmd.info.get("train"):
-            self.policy.train_step(batch_from_tensors(tensors), temperature=float(cmd.info["temperature"]),
-                                   ent_coef=cmd.info.get("ent_coef"))
+    def trains_actor(self, step: int) -> bool:
+        """Whether the actor trains at `step` (not in the critics' warm-up steps): the same answer on every rank."""
+        return step >= self.cfg.critic_warmup_steps
+
+    def update_actor(self, batch: TrainBatch | None, step: int, temperature: float) -> dict[str, float]:
+        """Every rank (collective when W > 1): the actor update on the prepared `batch` (the same on every rank; None
+        where the actor does not train at `step`); the actor's metrics and `actor_updated`."""
+        if not self.trains_actor(step):
+            return {"actor_updated": 0.0}
+        if batch is None:
+            raise ValueError(f"Learner.update_actor: step {step} trains the actor, expected its batch")
+        ent_coef = self.cfg.asyppo.ent_coef if self.cfg.num_critics and self.cfg.asyppo is not None else None
+        metrics = self.policy.train_step(batch, temperature=temperature, ent_coef=ent_coef)
+        return {**metrics, "actor_updated": 1.0}
 
     def _critic_phase(self, batch: TrainBatch) -> dict[str, float]:
         """GAE advantages (and AsyPPO masks) written into `batch`, then one critic update."""

@@ -13,7 +13,8 @@ averages gradients over the ranks: (1/W)·Σ_r W·g_r = Σ_r g_r, the gradient o
 The accumulation boundary is each rank's last micro batch. The metric parts of every rank are gathered (JSON over
 the control channel) and merged, so every rank returns the same metrics. `named_weights`, `model_state`,
 `optimizer_state` and `load_state` are collective under ZeRO-3 (and `optimizer_state` under ZeRO 1–2): every rank
-calls them at the same points.
+calls them at the same points. `snapshot` is the training role's one call for what leaves the ranks after a step
+(the weights to push, the optimizer state to checkpoint): every rank makes it, rank 0 alone gets the copies.
 
 Invariants:
 - one `train_step` = one optimizer step; the proximal log-probs are the policy's log-probs at the
@@ -31,7 +32,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -56,6 +57,19 @@ log = logging.getLogger(__name__)
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
+@dataclass
+class Snapshot:
+    """Rank 0's copies after a step: the full weights (HF names, in order) and, for a checkpoint, the optimizer
+    state (`PolicyTrainer.optimizer_state` format)."""
+
+    weights: list[tuple[str, Tensor]]
+    optimizer: dict[str, Tensor] | None = None
+
+    def model_state(self) -> dict[str, Tensor]:
+        """`PolicyTrainer.model_state()` of the same weights."""
+        return {n: t.contiguous() for n, t in self.weights}
+
+
 class PolicyTrainer:
     """A DeepSpeed engine (ZeRO stage `cfg.zero_stage`) around the HF model at `model_path`."""
 
@@ -69,7 +83,7 @@ class PolicyTrainer:
         control_timeout_s: float | None = None,
     ) -> None:
         """`timeout_s`: the training group's collectives; `control_timeout_s` (W > 1): the longest wait on the
-        control channel (a follower waiting for the leader's next step), default `timeout_s`."""
+        control channel (a rank waiting for rank 0's next decision), default `timeout_s`."""
         if dtype != "float32":
             raise ValueError(f"dtype: the CPU trainer trains in float32, got {dtype!r}")
         t0 = time.monotonic()
@@ -228,6 +242,14 @@ class PolicyTrainer:
             with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None):
                 return [(n, p.detach().float().cpu().clone()) for n, p in params]
         return [(n, p.detach().float().cpu().clone()) for n, p in params]
+
+    def snapshot(self, optimizer: bool = False) -> Snapshot | None:
+        """Every rank, at the same point: the full weights (and with `optimizer` the optimizer state) as a
+        `Snapshot` on rank 0, None on the others. Ranks other than 0 take part where ZeRO partitions what is
+        copied (weights under ZeRO-3, optimizer moments under ZeRO 1–3) and copy nothing otherwise."""
+        weights = self.named_weights() if self.is_leader or self.stage == 3 else []
+        opt = self.optimizer_state() if optimizer and (self.is_leader or self.stage > 0) else None
+        return Snapshot(weights, opt) if self.is_leader else None
 
     def model_state(self) -> dict[str, Tensor]:
         """Contiguous CPU clones of every parameter (tied weights once), for safetensors."""

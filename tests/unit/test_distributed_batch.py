@@ -1,6 +1,7 @@
 """The data-parallel helpers of `asyncrl.training.distributed`: the row split, the padding micro batch, the header
-bytes, and the control channel over a real 2-process gloo group (command + batch broadcast, JSON gather, the
-follower's deadline)."""
+bytes, the control channel over a real 2-process gloo group (command + batch broadcast, JSON gather, the
+follower's deadline), and rank 0's decisions shared with every rank (`Decisions`: the batch, stop only while the
+others wait)."""
 
 from __future__ import annotations
 
@@ -185,6 +186,64 @@ def test_control_channel_over_two_gloo_ranks(tmp_path):
     assert r0["gathered"] == expected and r1["gathered"] == expected
     assert "waiting for the leader" in r1["timeout"]
     assert 1.4 < r1["timeout_s"] < 4.0
+
+
+def _decisions_worker(rank: int, store_file: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    from asyncrl.training.distributed import ControlChannel, Decisions
+
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=2)
+    decisions = Decisions(ControlChannel.create(group_timeout_s=60), send_timeout_s=20)
+    batch = _batch()
+    res: dict = {}
+    if rank == 0:
+        cmd, got = decisions.share(Command("step", 4, {"checkpoint": True}), batch, wait_s=20)
+        res["own_batch"] = got is batch  # rank 0 trains on its own batch, not a copy
+        decisions.stop_peers(4)  # the other rank is in no `share` yet: nothing is sent
+        decisions.share(Command("step", 5, {"checkpoint": False}), None, wait_s=20)  # a step without actor update
+        decisions.peers_idle()
+        decisions.stop_peers(5)  # now it waits in `share`: told to stop
+        res["waiting_after_stop"] = decisions.peers_waiting
+    else:
+        cmd, got = decisions.share(None, None, wait_s=20)
+        res["first"] = [cmd.command, cmd.step, cmd.info]
+        res["equal"] = got is not None and all(torch.equal(a, b) for a, b in
+                                               zip(batch_tensors(batch).values(), batch_tensors(got).values(),
+                                                   strict=True))
+        cmd, got = decisions.share(None, None, wait_s=20)
+        res["second"] = [cmd.command, cmd.step, got is None]
+        decisions.peers_idle()
+        res["follower_waiting"] = decisions.peers_waiting  # only rank 0 tracks the others
+        cmd, got = decisions.share(None, None, wait_s=20)
+        res["third"] = [cmd.command, cmd.step, cmd.info]
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(res))
+
+
+@pytest.mark.timeout(120)
+def test_decisions_share_rank0s_command_and_stop_only_while_the_others_wait(tmp_path):
+    mp.start_processes(_decisions_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2,
+                       start_method="spawn")
+    r0 = json.loads((tmp_path / "rank0.json").read_text())
+    r1 = json.loads((tmp_path / "rank1.json").read_text())
+    assert r0 == {"own_batch": True, "waiting_after_stop": False}
+    assert r1["first"] == ["step", 4, {"checkpoint": True}] and r1["equal"] is True
+    assert r1["second"] == ["step", 5, True] and r1["follower_waiting"] is False
+    assert r1["third"] == ["stop", 5, {"failed": True}]
+
+
+def test_decisions_with_one_rank_return_what_rank_0_passed():
+    from asyncrl.training.distributed import Decisions
+
+    decisions = Decisions(None, send_timeout_s=1)
+    batch = _batch()
+    cmd = Command("step", 0, {"checkpoint": False})
+    assert decisions.share(cmd, batch, wait_s=1) == (cmd, batch)
+    decisions.peers_idle()
+    assert decisions.peers_waiting is False
+    decisions.stop_peers(0)  # nothing to tell
+    with pytest.raises(ValueError, match="rank 0 decides"):
+        decisions.share(None, None, wait_s=1)
 
 
 def test_world_size_must_match_the_config():

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from asyncrl.roles.training import Counters, TrainingRunner
+from asyncrl.roles.training import TrainingRunner
+from asyncrl.roles.training_report import TrainingReport
 from asyncrl.storage.group_prefetch import (
     Backoff,
     GroupPrefetcher,
@@ -179,15 +180,15 @@ def test_restore_before_start_only_and_resume_cursors_reread_prefetched() -> Non
 
 
 def fake_runner(groups: GroupPrefetcher, need: int = 2, alpha: int = 1) -> tuple[TrainingRunner, list[dict]]:
-    """A TrainingRunner with only what collect/publish/checkpoint cursors use (no model)."""
+    """A TrainingRunner (rank 0, at version 3) with only what collect/publish/checkpoint cursors use (no model)."""
     published: list[dict] = []
     r = TrainingRunner.__new__(TrainingRunner)
     r.cfg = SimpleNamespace(rollout=SimpleNamespace(prompts_per_step=need, async_ratio=alpha),  # type: ignore[assignment]
                             timeouts=SimpleNamespace(batch_wait_s=0.5))
-    r.ctx = SimpleNamespace(store=SimpleNamespace(put_json=lambda key, doc: published.append(doc)),  # type: ignore[assignment]
-                            paths=RunPaths("runs", "r"))
-    r.groups, r.counters, r.version, r.checksum, r.last_metrics = groups, Counters(), 3, {}, {}
-    r.weights = SimpleNamespace(document=lambda: {})  # type: ignore[assignment]
+    ctx = SimpleNamespace(store=SimpleNamespace(put_json=lambda key, doc: published.append(doc)),
+                          paths=RunPaths("runs", "r"), cfg=r.cfg)
+    r.ctx, r.groups, r.version = ctx, groups, 3  # type: ignore[assignment]
+    r.report = TrainingReport(ctx, groups, SimpleNamespace(document=lambda: {}))  # type: ignore[arg-type]
     return r, published
 
 
@@ -198,13 +199,13 @@ def test_consumed_counts_only_taken_groups_and_staleness_is_judged_when_taken() 
     p = prefetcher(ScriptedReader([returns(*items)]))
     p.fetch_once(8)
     runner, published = fake_runner(p, need=2)
-    runner.publish({})
+    runner.report.publish(runner.version, {})
     assert published[-1]["consumed"] == {"env0": 0}  # five prefetched, none consumed
-    kept, dropped, by_writer = runner.collect(3)
-    assert [g.group_id for g in kept] == ["f1", "f2"] and [g.group_id for g in dropped] == ["old"]
-    assert by_writer == {"env0": 2}
-    runner.counters.trained_by_writer = {"env0": 2}
-    runner.publish({})
+    taken = runner.collect(3)
+    assert [g.group_id for g in taken.kept] == ["f1", "f2"] and [g.group_id for g in taken.dropped] == ["old"]
+    assert taken.by_writer == {"env0": 2}
+    runner.report.counters.trained_by_writer = {"env0": 2}
+    runner.report.publish(runner.version, {})
     assert published[-1]["consumed"] == {"env0": 3} and published[-1]["trained"] == {"env0": 2}
     assert p.cursors == {"env0": 3} and p.buffered == 2  # f3, f4 wait for the next step
 

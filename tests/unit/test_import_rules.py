@@ -18,7 +18,6 @@ LONG_FILES: dict[str, str] = {
     "asyncrl/storage/groups.py": "the group object format, its writer and its reader (cursors, gaps, quarantine) "
                                    "share one contract",
     "asyncrl/config/schema.py": "every config section in one place, as the configuration reference reads it",
-    "asyncrl/roles/training.py": "the training role's step; issue 16 moves its rank coordination out (SPMD)",
     "asyncrl/generation/engine.py": "the vLLM wrapper: a request's life and the weight-update sequence",
 }
 # What a package may import besides itself: the pure ones (rollout, sim: no I/O package at all), and envs (never

@@ -1,0 +1,228 @@
+"""Rank 0's account of the training run: the run-wide counters, each step's metrics, `versions/latest.json`, MLflow.
+
+The training role calls `after_step` after each step (never inside it; rank 0 alone has a report): it adds the
+step to the counters, builds the step's metrics, publishes `versions/latest.json` (version, per-writer consumed and
+trained counts, the run's counters, the weights' checksum, the weight group, metrics) and hands the metrics to the
+`StepReporter` thread (MLflow, the other roles' figures). `publish` is also called mid-step, when groups taken
+for the step were dropped as stale (see `TrainingRunner.collect`), and once the generation servers are connected.
+
+Invariants: `consumed` counts only groups taken by a step, never groups only read ahead; the counters of a resumed
+run continue the checkpoint's (`Counters` is saved in checkpoints), plus this attempt's quarantined objects and
+skipped gaps (`run_counters`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from asyncrl.roles.context import RoleContext
+from asyncrl.roles.role_metrics import read_role_metrics
+from asyncrl.roles.step_reporter import StepReporter
+from asyncrl.roles.weight_group import WeightGroup
+from asyncrl.storage.group_prefetch import GroupPrefetcher
+from asyncrl.tracking.mlflow_tracker import Tracker
+from asyncrl.training.policy import Snapshot
+from asyncrl.training.staleness import staleness_histogram, staleness_stats
+from asyncrl.types import Group
+
+log = logging.getLogger(__name__)
+
+# MLflow gets the steps at most once a second, several per call: one database commit per call, not per step (a
+# commit per step cost ~10 % of a core on a 2-core machine at ~2 steps/s). The last step is logged at once.
+REPORT_EVERY_S = 1.0
+
+
+class Counters:
+    """Run-wide totals, saved in checkpoints so a resumed run reports the whole run."""
+
+    def __init__(self, d: dict[str, Any] | None = None) -> None:
+        d = d or {}
+        self.groups_trained = int(d.get("groups_trained", 0))
+        self.samples_trained = int(d.get("samples_trained", 0))
+        self.groups_dropped_stale = int(d.get("groups_dropped_stale", 0))
+        # objects the reader moved aside or skipped in earlier attempts of the run (a resume starts a new reader)
+        self.quarantined_objects = int(d.get("quarantined_objects", 0))
+        # the groups those objects held (an object may hold several; runs before that: one each)
+        self.quarantined_groups = int(d.get("quarantined_groups", self.quarantined_objects))
+        self.gaps_skipped = int(d.get("gaps_skipped", 0))
+        self.samples_dropped_stale = int(d.get("samples_dropped_stale", 0))
+        self.staleness_sum = float(d.get("staleness_sum", 0.0))
+        self.staleness_max = int(d.get("staleness_max", 0))
+        self.train_wall_s = float(d.get("train_wall_s", 0.0))
+        # steady state: every step but the first of a (re)start, whose wait includes filling the rollout pipeline
+        self.steady_steps = int(d.get("steady_steps", 0))
+        self.steady_samples = int(d.get("steady_samples", 0))
+        self.steady_wall_s = float(d.get("steady_wall_s", 0.0))
+        # per writer: groups trained in completed steps (the rollout scheduler's admission slots, see scheduler.py)
+        self.trained_by_writer: dict[str, int] = {str(k): int(v) for k, v in d.get("trained_by_writer", {}).items()}
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass
+class Taken:
+    """The groups rank 0 took for a step: kept, dropped as stale, kept per writer, and the wait for them."""
+
+    kept: list[Group]
+    dropped: list[Group]
+    by_writer: dict[str, int]
+    wait_s: float = 0.0
+    wait_cpu_s: float = 0.0  # the whole process: the prefetch thread too
+
+
+@dataclass
+class StepResult:
+    """One finished step as every rank knows it; `taken`, `snapshot` and the times are rank 0's (None elsewhere)."""
+
+    step: int
+    checkpoint: bool  # a checkpoint of version step + 1 is due (and the weights' checksum is published)
+    train_metrics: dict[str, float]
+    taken: Taken | None = None
+    snapshot: Snapshot | None = None
+    train_s: float = 0.0
+    sync_s: float = 0.0
+
+    @property
+    def version(self) -> int:
+        return self.step + 1
+
+
+class TrainingReport:
+    def __init__(self, ctx: RoleContext, groups: GroupPrefetcher, weights: WeightGroup,
+                 tracker: Tracker | None = None) -> None:
+        self.ctx, self.cfg = ctx, ctx.cfg
+        self.groups, self.weights, self.tracker = groups, weights, tracker
+        self.counters = Counters()
+        self.checksum: dict[str, float] = {}
+        self.last_metrics: dict[str, float] = {}
+        self.first_step = 0
+        self.reporter: StepReporter | None = None
+
+    def start(self) -> None:
+        """Start the reporting thread (MLflow and the other roles' figures)."""
+        self.reporter = StepReporter(
+            self.external_metrics, self.tracker.log_steps if self.tracker is not None else None,
+            read_every_s=min(self.cfg.rollout.stats_interval_s, self.cfg.timeouts.heartbeat_s),
+            log_every_s=REPORT_EVERY_S)
+
+    def after_step(self, r: StepResult) -> dict[str, float]:
+        """Count step `r` in, publish its metrics in `versions/latest.json`, queue them for MLflow; the metrics."""
+        assert r.taken is not None and self.reporter is not None
+        metrics = self.step_metrics(r)
+        self.publish(r.version, {**metrics, **self.reporter.external()})
+        steps = self.cfg.training.steps
+        self.reporter.submit(metrics, r.version, fresh=r.version == steps)
+        log.info("step %d/%d reward %.3f acc %.3f loss %.4f staleness %.2f/%d %.1f samples/s",
+                 r.version, steps, metrics["reward/mean"], metrics["reward/accuracy"],
+                 metrics.get("train/loss", float("nan")), metrics["staleness/mean"],
+                 int(metrics["staleness/max"]), metrics["throughput/samples_per_s"])
+        return metrics
+
+    def step_metrics(self, r: StepResult) -> dict[str, float]:
+        """Add step `r` to the counters; its metrics."""
+        assert r.taken is not None
+        kept, dropped, step, c = r.taken.kept, r.taken.dropped, r.step, self.counters
+        step_s = r.taken.wait_s + r.train_s + r.sync_s
+        n_samples = sum(len(g.samples) for g in kept)
+        stale = staleness_stats(kept, step)
+        c.groups_trained += len(kept)
+        c.samples_trained += n_samples
+        c.groups_dropped_stale += len(dropped)
+        c.samples_dropped_stale += sum(len(g.samples) for g in dropped)
+        c.staleness_sum += stale["staleness_mean"] * n_samples
+        c.staleness_max = max(c.staleness_max, int(stale["staleness_max"]))
+        c.train_wall_s += step_s
+        if step > self.first_step:
+            c.steady_steps += 1
+            c.steady_samples += n_samples
+            c.steady_wall_s += step_s
+        for writer, n in r.taken.by_writer.items():
+            c.trained_by_writer[writer] = c.trained_by_writer.get(writer, 0) + n
+        rewards = [s.reward for g in kept for s in g.samples]
+        metrics = {
+            **{(k if "/" in k else f"train/{k}"): float(v) for k, v in r.train_metrics.items()},
+            "reward/mean": sum(rewards) / len(rewards),
+            "reward/accuracy": sum(x >= 1.0 for x in rewards) / len(rewards),
+            "staleness/mean": stale["staleness_mean"],
+            "staleness/max": stale["staleness_max"],
+            "staleness/dropped_groups_total": c.groups_dropped_stale,
+            "staleness/dropped_samples_total": c.samples_dropped_stale,
+            "storage/quarantined_objects_total": c.quarantined_objects + len(self.groups.quarantined),
+            "storage/gaps_skipped_total": c.gaps_skipped + len(self.groups.gaps_skipped),
+            "storage/retries_total": self.ctx.store.stats.retries,
+            "storage/gave_up_total": self.ctx.store.stats.gave_up,
+            "throughput/samples_per_s": n_samples / step_s,
+            "time/wait_s": r.taken.wait_s,
+            "time/wait_cpu_s": r.taken.wait_cpu_s,
+            "time/train_s": r.train_s,
+            "time/sync_s": r.sync_s,
+            "time/step_s": step_s,
+            "version": r.version,
+        }
+        for k, v in stale.items():
+            if k not in ("staleness_mean", "staleness_max"):
+                metrics[f"staleness/{k}"] = float(v)
+        for lag, count in staleness_histogram(kept, step, self.cfg.rollout.async_ratio).items():
+            metrics[f"staleness/hist_{lag}"] = float(count)
+        metrics.update(self.weights.metrics())
+        return metrics
+
+    def external_metrics(self) -> dict[str, float]:
+        """The other roles' figures: the writers' rollout stats and every role's heartbeat metrics (S3 reads: the
+        step reporter's thread calls this, never the step)."""
+        return {**self.rollout_metrics(), **read_role_metrics(self.ctx.store, self.ctx.paths)}
+
+    def rollout_metrics(self) -> dict[str, float]:
+        """The environment writers' latest rollout metrics (`stats/<writer>.json`), summed over writers for
+        counters, per writer for the per-server figures."""
+        out: dict[str, float] = {}
+        for writer in sorted(self.groups.cursors):
+            doc = self.ctx.store.get_json(self.ctx.paths.rollout_stats(writer))
+            for k, v in (doc or {}).get("metrics", {}).items():
+                if not isinstance(v, int | float):
+                    continue
+                if "/server" in k:
+                    out[k.replace("rollout/", f"rollout/{writer}/", 1)] = float(v)
+                elif k != "rollout/version":
+                    out[k] = out.get(k, 0.0) + float(v)
+        return out
+
+    def publish(self, version: int, metrics: dict[str, float], kept_by_writer: dict[str, int] | None = None) -> None:
+        """Write `versions/latest.json`. `kept_by_writer` (mid-step, after stale drops): the groups read for the
+        step under way, left out of `consumed`, so that consumed − trained is exactly what was dropped as stale and
+        a writer whose whole window went stale may admit again instead of waiting for a step that cannot fill."""
+        kept = kept_by_writer or {}
+        self.last_metrics = metrics
+        doc = {
+            "version": version,
+            "consumed": {w: n - kept.get(w, 0) for w, n in self.groups.cursors.items()},
+            "trained": self.counters.trained_by_writer,
+            "counters": self.run_counters(),
+            "checksum": self.checksum,
+            "weight_group": self.weights.document(),
+            "metrics": metrics,
+            "time": time.time(),
+        }
+        self.ctx.store.put_json(self.ctx.paths.versions_latest(), doc)
+
+    def run_counters(self) -> dict[str, Any]:
+        """The run-wide counters, with this attempt's quarantined objects and skipped gaps added."""
+        c = self.counters.as_dict()
+        c["quarantined_objects"] += len(self.groups.quarantined)
+        c["quarantined_groups"] += sum(r.groups or 1 for r in self.groups.quarantined)
+        c["gaps_skipped"] += len(self.groups.gaps_skipped)
+        return c
+
+    def finish(self, version: int) -> None:
+        """Every step in MLflow, then the run's `done` marker."""
+        if self.reporter is not None:
+            self.reporter.flush(self.cfg.timeouts.http_s)
+        self.ctx.store.put_json(self.ctx.paths.done(), {"version": version, "time": time.time()})
+
+    def close(self) -> None:
+        if self.reporter is not None:
+            self.reporter.close(self.cfg.timeouts.http_s)
