@@ -24,6 +24,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -186,7 +187,9 @@ def encode_response(tok: PreTrainedTokenizerFast, text: str) -> list[int]:
 def decode_response(tok: PreTrainedTokenizerFast, ids: Sequence[int]) -> str:
     """The text of generated ids up to (not including) the first <eos>; other special ids are dropped.
 
-    Ids outside the tokenizer's vocabulary (a model's padded vocab rows) are dropped too.
+    Ids outside the tokenizer's vocabulary (a model's padded vocab rows) are dropped too. The text is the tokenizer's
+    own decoding (a byte-level BPE's `Ġ` becomes a space); for the built-in character tokenizers that is the tokens
+    joined.
     """
     eos = int(tok.eos_token_id)
     special = set(tok.all_special_ids)
@@ -199,7 +202,16 @@ def decode_response(tok: PreTrainedTokenizerFast, ids: Sequence[int]) -> str:
         if i in special or not 0 <= i < n:
             continue
         kept.append(i)
-    return "".join(tok.convert_ids_to_tokens(kept))
+    if _joins_tokens(tok):  # the built-in tokenizers: 3x faster than decode, and the same text
+        return "".join(tok.convert_ids_to_tokens(kept))
+    return tok.decode(kept, clean_up_tokenization_spaces=False)
+
+
+@functools.lru_cache(maxsize=16)
+def _joins_tokens(tok: PreTrainedTokenizerFast) -> bool:
+    """Whether decoding `tok`'s ids is joining their token strings (a `Fuse` decoder, or none)."""
+    decoder = tok.backend_tokenizer.decoder
+    return decoder is None or isinstance(decoder, decoders.Fuse)
 
 
 def charset(cfg: RunConfig) -> str:

@@ -143,3 +143,20 @@ def test_chat_template_exact_ids_after_save_and_load(tmp_path: Path) -> None:
 def test_unknown_charset_is_named() -> None:
     with pytest.raises(ValueError, match="charset"):
         make_tokenizer("unicode")
+
+
+def test_decode_uses_the_tokenizers_own_decoding_for_a_byte_level_bpe() -> None:
+    """A user's model with a byte-level BPE (GPT-2/Qwen style): `Ġ` marks a space in the token strings; the decoded
+    response must be the text, or exact-match scoring would never match."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    raw.train_from_iterator(["The answer is Paris.", "Paris is in France."] * 10,
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"],
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>")
+    ids = [*tok.encode(" Paris is in France", add_special_tokens=False), tok.eos_token_id, *tok.encode(" junk")]
+    assert any(t.startswith("Ġ") for t in tok.convert_ids_to_tokens(ids))
+    assert decode_response(tok, ids) == " Paris is in France"
