@@ -5,7 +5,7 @@ Each is a thin container around an `asyncrl` entrypoint, the very command the em
 parameter `run_id`: the KFP run id for a new run, the resumed run's id with the pipeline parameter `resume_run_id`. Images are set per task by
 the pipeline (`set_container_image`, from pipeline parameters); the defaults below are only placeholders the
 pipeline always replaces. S3 credentials and endpoint come from the Kubernetes secret `asyncrl-s3` (see
-pipelines/asyncrl_pipeline.py), never from a parameter.
+asyncrl/cluster/pipeline/definition.py), never from a parameter.
 """
 
 

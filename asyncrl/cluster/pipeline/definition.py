@@ -1,6 +1,6 @@
 """The asyncrl pipeline: setup, then the four long-lived roles side by side, and finalize on exit.
 
-    asyncrl pipeline compile            # writes pipelines/asyncrl.yaml (committed; a test checks it is current)
+    asyncrl pipeline compile            # writes asyncrl/cluster/pipeline/asyncrl.yaml (committed; a test checks it is current)
 
 Graph: `finalize` is the `dsl.ExitHandler` exit task around everything, so it runs whether the run succeeded,
 failed or was cancelled: it writes the `done` marker (every role exits by itself, so no GPU stays held), records
@@ -23,7 +23,7 @@ tolerations and a node selector for GPU nodes, a timeout, and caching disabled (
 
 from kfp import dsl, kubernetes
 
-from components.roles import finalize, role, setup, training_role
+from asyncrl.cluster.pipeline.components import finalize, role, setup, training_role
 
 S3_SECRET = "asyncrl-s3"
 S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
