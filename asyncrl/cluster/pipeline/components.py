@@ -27,7 +27,7 @@ def setup(bucket: str, prefix: str, config_yaml: str, overrides: list, tags: lis
           run_id: dsl.OutputPath(str)):
     """Validate the configuration (YAML text, the UI's fields, then `section.key=value` overrides, in that order)
     and write it to S3 under the run; the MLflow run is tagged with the three image references. KFP passes the list
-    parameters as JSON text. With `resume_run_id`, resume that run instead (`asyncrl.cluster.resume`). Output
+    parameters as JSON text. With `resume_run_id`, resume that run instead (`asyncrl.run.resume`). Output
     `run_id`: the run every role drives."""
     return dsl.ContainerSpec(
         image=PLACEHOLDER_IMAGE,

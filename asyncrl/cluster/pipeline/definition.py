@@ -6,7 +6,7 @@ Graph: `finalize` is the `dsl.ExitHandler` exit task around everything, so it ru
 failed or was cancelled: it writes the `done` marker (every role exits by itself, so no GPU stays held), records
 the final status and registers the final model in MLflow. Inside: `setup` validates the configuration and writes it
 to S3 under the KFP run id (or, with `resume_run_id`, checks and rewinds that crashed run: see
-`asyncrl.cluster.resume`) and outputs the run id; every role reads it from setup's output `run_id` (a
+`asyncrl.run.resume`) and outputs the run id; every role reads it from setup's output `run_id` (a
 taskOutputParameter), so a resumed pipeline run drives the old run's S3 folder; the roles depend on setup only
 (they read that document), never on each other, so Argo runs them concurrently; they find each other through S3
 rendezvous documents under the run id. `finalize` may not read setup's output (KFP forbids an exit task any upstream
