@@ -34,7 +34,7 @@ build-model: $(STAMP)
 	$(VENV)/bin/asyncrl build-model $(CONFIG)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check asyncrl tests benchmarks pipelines components
+	$(VENV)/bin/ruff check asyncrl tests benchmarks
 
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)

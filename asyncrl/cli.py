@@ -56,7 +56,7 @@ def _load(args: argparse.Namespace) -> RunConfig:
 
 def _resume(args: argparse.Namespace) -> None:
     from asyncrl.local.launcher import run_embedded
-    from asyncrl.local.resume import ResumeError, load_run_config
+    from asyncrl.run.resume import ResumeError, load_run_config
 
     extra = [o for o in args.overrides if not o.startswith("runs_dir=")]
     if args.config or extra:

@@ -52,8 +52,9 @@ from asyncrl.local.launcher import EmbeddedRun  # noqa: E402
 from asyncrl.local.processes import ProcessGroup  # noqa: E402
 from asyncrl.local.seaweed import EmbeddedS3, find_weed  # noqa: E402
 from asyncrl.roles.context import wait_for_rendezvous  # noqa: E402
+from asyncrl.run.create import record_model, write_config  # noqa: E402
 from asyncrl.storage.s3 import S3Store  # noqa: E402
-from asyncrl.tiny_model.prepare import model_document_for, resolve_model_path  # noqa: E402
+from asyncrl.tiny_model.prepare import resolve_model_path  # noqa: E402
 
 SIZES = {"256": 32, "5000": 625}  # samples per step -> prompts per step (8 samples each)
 COMMON = ["rollout.samples_per_prompt=8", "rollout.max_new_tokens=6", "rollout.async_ratio=1",
@@ -167,9 +168,8 @@ def run_size(size: str, args: argparse.Namespace, runs_dir: Path) -> dict[str, A
     with EmbeddedS3(run.run_dir / "s3") as s3:
         os.environ.update(s3.env())  # this process talks to S3 with the server's credentials, as the launcher does
         store = S3Store(s3.endpoint_url, cfg.storage.bucket, region=cfg.storage.region)
-        store.ensure_bucket()
-        store.put_json(run.paths.config(), cfg.model_dump(mode="json"))
-        store.put_json(run.paths.model(), model_document_for(cfg, model_folder))
+        write_config(store, run.paths, cfg)  # the run's documents as the launcher writes them (no MLflow run)
+        record_model(store, run.paths, cfg, model_folder)
         env = {**run.child_env(s3), "PYTHONPATH": os.pathsep.join(
             p for p in (str(ROOT / "benchmarks"), str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
         procs = ProcessGroup(run.run_dir / "logs", env)

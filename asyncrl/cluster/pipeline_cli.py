@@ -1,9 +1,10 @@
 """`asyncrl pipeline compile|upload|run|rehearse`: the user's commands for Kubeflow Pipelines, through `kfp`.
 
-    asyncrl pipeline compile [--out pipelines/asyncrl.yaml]
+    asyncrl pipeline compile [--out asyncrl/cluster/pipeline/asyncrl.yaml]
     asyncrl pipeline upload --host URL [--name asyncrl] [--version V]      # a new pipeline, or a new version of it
     asyncrl pipeline run --host URL [--experiment asyncrl] [--config run.yaml] [--param k=v ...] [--set s.k=v ...]
-    asyncrl pipeline rehearse [--pipeline pipelines/asyncrl.yaml] [--param k=v ...] [--set s.k=v ...] [--workdir D]
+    asyncrl pipeline rehearse [--pipeline asyncrl/cluster/pipeline/asyncrl.yaml] [--param k=v ...] [--set s.k=v ...]
+                              [--workdir D]
                               # the compiled tasks' exact commands as local processes (asyncrl.cluster.rehearsal)
 
 The host is the KFP API endpoint (e.g. http://localhost:8080 after `kubectl port-forward svc/ml-pipeline-ui`).
@@ -22,17 +23,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_YAML = REPO / "pipelines" / "asyncrl.yaml"
+from asyncrl.cluster.pipeline import COMPILED
+
+DEFAULT_YAML = COMPILED  # asyncrl/cluster/pipeline/asyncrl.yaml
 
 
 def compile_pipeline(out: Path = DEFAULT_YAML) -> Path:
-    """Compile pipelines/asyncrl_pipeline.py to `out` (KFP IR YAML)."""
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))  # pipelines/ and components/ live beside the package
+    """Compile asyncrl/cluster/pipeline/definition.py to `out` (KFP IR YAML)."""
     from kfp import compiler
 
-    from pipelines.asyncrl_pipeline import asyncrl_pipeline
+    from asyncrl.cluster.pipeline.definition import asyncrl_pipeline
 
     out.parent.mkdir(parents=True, exist_ok=True)
     compiler.Compiler().compile(asyncrl_pipeline, str(out))

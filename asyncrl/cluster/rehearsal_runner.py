@@ -1,6 +1,6 @@
 """Rehearsal, the runner: run a compiled pipeline's exact task commands as local processes against an embedded S3.
 
-    rehearse("pipelines/asyncrl.yaml", {"steps": 2, ...}, workdir=Path("rehearsal"))
+    rehearse("asyncrl/cluster/pipeline/asyncrl.yaml", {"steps": 2, ...}, workdir=Path("rehearsal"))
 
 What a Kubeflow cluster would do, on one machine: start SeaweedFS (random credentials) and give them to the tasks
 only through the pipeline's own secret / config-map / field-path env (the parent's AWS_* and launcher variables
@@ -53,8 +53,8 @@ from asyncrl.storage.s3 import S3Store
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
-S3_SECRET = "asyncrl-s3"  # pipelines/asyncrl_pipeline.py
-ROLE_TOKEN_SECRET = "asyncrl-role-token"  # pipelines/asyncrl_pipeline.py: key ASYNCRL_ROLE_TOKEN, one per rehearsal
+S3_SECRET = "asyncrl-s3"  # asyncrl/cluster/pipeline/definition.py
+ROLE_TOKEN_SECRET = "asyncrl-role-token"  # the pipeline definition: key ASYNCRL_ROLE_TOKEN, one per rehearsal
 ENDPOINTS_CONFIG_MAP = "asyncrl-endpoints"
 # what a pod does not inherit from this shell: the cluster gives these (or nothing) through the pipeline's env
 NOT_INHERITED = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
@@ -62,7 +62,8 @@ NOT_INHERITED = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKE
                  "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                  "TORCHELASTIC_RUN_ID", "ASYNCRL_ROLE_TOKEN")
 MAX_SHOWN_ARG = 160
-RUN_ID_OUTPUT = "run_id"  # the output parameter naming the run the roles drive (components/roles.py setup)
+CODE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding the asyncrl package this process imported
+RUN_ID_OUTPUT = "run_id"  # the output naming the run the roles drive (asyncrl/cluster/pipeline/components.py setup)
 
 
 class RehearsalFailed(RuntimeError):
@@ -110,10 +111,13 @@ def shown(argv: Sequence[str]) -> str:
 
 def base_env(workdir: Path, rpc_dir: Path, cache_dir: Path) -> dict[str, str]:
     """What every task inherits: this environment without credentials, endpoints and launcher variables (the
-    pipeline must provide them), plus what the images provide (PATH to the interpreter, caches, no downloads)."""
+    pipeline must provide them), plus what the images provide (PATH to the interpreter, the asyncrl this process
+    runs, first on PYTHONPATH: the tasks start in their own folders, where an editable install of another checkout
+    would otherwise win; caches, no downloads)."""
     env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
     env.update({
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(CODE_ROOT), env.get("PYTHONPATH", "")) if p),
         "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "DS_BUILD_OPS": "0",
         "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
         "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"), "VLLM_RPC_BASE_PATH": str(rpc_dir),

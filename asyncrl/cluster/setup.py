@@ -1,19 +1,17 @@
-"""The pipeline's `setup` step: validate the run configuration and write it to S3 under the KFP run id, or resume.
+"""The pipeline's `setup` step: argument parsing, then `asyncrl.run.create` (a new run) or `asyncrl.run.resume`.
 
     python -m asyncrl.cluster.setup --bucket B --prefix P --run-id RUN --config-yaml "..." [--set k=v ...]
         [--resume-run-id OLD] [--run-id-output FILE]
 
 The configuration is the YAML text (may be empty: the defaults) plus `--set` overrides, exactly as
 `asyncrl run` reads it; `run_id` is forced to the KFP run id so every role finds it at
-`s3://B/P/RUN/config.json`. It then records the run's model in `model.json`: `model.path` as given, or the built-in
-tiny model, built here and uploaded under the run (`asyncrl.models.folder`; the roles never build one). The document is written with a conditional PUT: a retried setup step that finds the
-same configuration already there succeeds, a different one is an error (a run's configuration never changes).
-With a tracking URI configured, it also opens the run's MLflow run, tagged with the KFP run id, the `tags` given
-(image tags) and the git revision the image was built from (`ASYNCRL_GIT_REVISION`); a `MLFLOW_RUN_ID` that KFP
-injects is reused. The run is recorded in `tracking.json`.
+`s3://B/P/RUN/config.json`. The run is then created by `asyncrl.run.create.create_run` (config.json once by
+conditional PUT, model.json with the built-in tiny model built here and uploaded under the run when `model.path` is
+empty, the MLflow run tagged with the KFP run id, the `tags` given (image tags) and the git revision the image was
+built from (`ASYNCRL_GIT_REVISION`); a `MLFLOW_RUN_ID` that KFP injects is joined).
 With `--resume-run-id OLD` (the pipeline parameter `resume_run_id`) no run is created: run OLD under the same
-bucket/prefix is checked and rewound to its last committed checkpoint and its MLflow run re-attached
-(`asyncrl.cluster.resume`); the configuration given must be OLD's (only `training.steps` may grow).
+bucket/prefix is checked and rewound by `asyncrl.run.resume.resume_run` and its MLflow run re-attached, tagged
+`kfp.resume_run`; the configuration given must be OLD's (only `training.steps` may grow).
 The run id the roles drive (RUN, or OLD when resuming) is written to `--run-id-output` (the KFP output parameter
 `run_id`, which every role task reads).
 Exits 2 with a message naming the bad field on an invalid configuration or a refused resume; nothing is written then.
@@ -29,12 +27,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from asyncrl.cluster.resume import reattach_tracking, resume_run
 from asyncrl.config import ConfigError, RunConfig, load_config
-from asyncrl.local.resume import ResumeError
-from asyncrl.models.folder import SOURCE_BUILT, SOURCE_PATH, model_document
+from asyncrl.run.create import RunExists, check_cluster_config, create_run, record_model
+from asyncrl.run.resume import ResumeError, reattach_tracking, resume_run
 from asyncrl.storage.run_layout import RunPaths, run_url
-from asyncrl.storage.s3 import ObjectExists, S3Store
+from asyncrl.storage.s3 import S3Store
+
+MISSING_RUN_HINT = ("expected the id of a run this pipeline started under the same bucket and prefix (the KFP run "
+                    "id of its first pipeline run)")
 
 
 def resolve_config(config_yaml: str, overrides: list[str], run_id: str) -> RunConfig:
@@ -43,19 +43,6 @@ def resolve_config(config_yaml: str, overrides: list[str], run_id: str) -> RunCo
         path = Path(tmp) / "config.yaml"
         path.write_text(config_yaml or "{}\n")
         return load_config(path, [*overrides, f"run_id={run_id}"])
-
-
-def check_tool_sandbox(cfg: RunConfig) -> None:
-    """On a cluster, model-written code runs in the sandbox pool (manifests/sandbox/), never in the environment pod
-    (which holds the run's S3 keys and role token, and whose default seccomp profile refuses user namespaces):
-    a tool-use task that may run Python must name the pool in `env.params.sandbox_url`. ConfigError otherwise."""
-    if cfg.env is None or cfg.env.name != "tool_use":
-        return
-    if cfg.env.params.get("allow_python", True) and not cfg.env.params.get("sandbox_url"):
-        raise ConfigError(
-            "env.params.sandbox_url: expected the tool sandbox service's URL for env tool_use on a cluster (for "
-            "example http://asyncrl-sandbox.asyncrl-sandbox.svc.cluster.local:8080, manifests/sandbox/), or "
-            "env.params.allow_python: false; tools are not run inside the environment pod")
 
 
 def role_count_overrides(generation_ids_json: str, environment_ids_json: str) -> list[str]:
@@ -76,70 +63,6 @@ def role_count_overrides(generation_ids_json: str, environment_ids_json: str) ->
                              f"order), got {text}")
         out.append(f"{field}={len(ids)}")
     return out
-
-
-def write_config(store: S3Store, paths: RunPaths, cfg: RunConfig) -> bool:
-    """Write config.json once; True if written now, False if this same configuration was already there."""
-    doc = cfg.model_dump(mode="json")
-    store.ensure_bucket()
-    try:
-        store.put_json(paths.config(), doc, if_absent=True)
-        return True
-    except ObjectExists:
-        existing = store.get_json(paths.config())
-        if existing != doc:
-            raise ValueError(f"{paths.config()}: a different configuration is already stored for run "
-                             f"{cfg.run_id}; a run's configuration never changes") from None
-        return False
-
-
-def publish_model(store: S3Store, paths: RunPaths, cfg: RunConfig) -> dict[str, Any]:
-    """Record the run's model in `model.json` for the roles (a role never builds or chooses one), once: a retried or
-    resumed setup keeps the document already there. `model.path` set: recorded as given (the roles fetch or check
-    it). Empty: the built-in tiny model is built here (cached under `cache_dir`) and uploaded under the run
-    (`<run>/model/`), and the document names that S3 folder; it is written after the last file, so a setup that dies
-    mid-upload leaves no document and its retry uploads again."""
-    existing = store.get_json(paths.model())
-    if isinstance(existing, dict) and existing.get("path"):
-        return existing
-    if cfg.model.path:
-        doc = model_document(cfg.model.path, SOURCE_PATH, model_path=cfg.model.path)
-    else:
-        from asyncrl.tiny_model.build import build_tiny_model, cache_key  # torch and the SFT build: only here
-
-        folder = build_tiny_model(cfg)
-        prefix = paths.model_prefix()
-        for f in sorted(folder.iterdir()):
-            if f.is_file():
-                store.put_bytes(prefix + f.name, f.read_bytes())
-        doc = model_document(f"s3://{store.bucket}/{prefix.rstrip('/')}", SOURCE_BUILT, build_key=cache_key(cfg))
-    store.put_json(paths.model(), doc)
-    return doc
-
-
-def open_tracking(store: S3Store, paths: RunPaths, cfg: RunConfig, url: str, tags: dict[str, str]) -> str | None:
-    """Create (or join, with MLFLOW_RUN_ID) the MLflow run and record it in tracking.json; None without a URI.
-    A retried setup reuses the run tracking.json already names."""
-    if not cfg.tracking.tracking_uri:
-        return None
-    existing = store.get_json(paths.tracking())
-    if isinstance(existing, dict) and existing.get("mlflow_run_id"):  # a retried setup: the run already has one
-        return str(existing["mlflow_run_id"])
-    from asyncrl.tracking.mlflow_tracker import Tracker, flatten_params
-
-    params = flatten_params(cfg.model_dump(mode="json"))
-    all_tags = {"asyncrl.run_url": url, "asyncrl.mode": "cluster", **tags}
-    injected = os.environ.get("MLFLOW_RUN_ID", "")
-    if injected:  # KFP made the run: log into it
-        tracker = Tracker.attach(cfg.tracking.tracking_uri, injected)
-        tracker.log_params(params)
-        for k, v in all_tags.items():
-            tracker.client.set_tag(tracker.run_id, k, v)
-    else:
-        tracker = Tracker.create(cfg.tracking.tracking_uri, cfg.tracking.experiment, cfg.run_id, params=params,
-                                 tags=all_tags)
-    store.put_json(paths.tracking(), {"tracking_uri": cfg.tracking.tracking_uri, "mlflow_run_id": tracker.run_id})
-    return str(tracker.run_id)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -187,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     try:
         cfg = resolve_config(args.config_yaml, overrides, run_id)
-        check_tool_sandbox(cfg)
+        check_cluster_config(cfg)
     except ConfigError as err:
         print(f"setup: {err}", file=sys.stderr)
         sys.exit(2)
@@ -200,22 +123,25 @@ def main(argv: list[str] | None = None) -> None:
     summary: dict[str, Any] = {"run_id": cfg.run_id, "run_url": url}
     if args.resume_run_id:
         try:
-            resumed = resume_run(store, paths, cfg, args.run_id, tags)
+            resumed = resume_run(store, paths, cfg, asked_as="resume_run_id", missing_hint=MISSING_RUN_HINT,
+                                 attempt=args.run_id, tags=tags)
         except ResumeError as err:
             print(f"setup: {err}", file=sys.stderr)
             sys.exit(2)
-        summary["model"] = publish_model(store, paths, cfg)["path"]  # a run from before model.json gets one
+        summary["model"] = record_model(store, paths, resumed.cfg)["path"]  # a run from before model.json gets one
+        tracker = reattach_tracking(store, paths, resumed, {"kfp.resume_run": args.run_id})
         summary.update(resumed_from=resumed.point.version, lost_steps=resumed.point.lost_steps,
-                       mlflow_run_id=reattach_tracking(store, paths, resumed))
+                       mlflow_run_id=tracker.run_id if tracker else None)
     else:
         try:
-            written = write_config(store, paths, cfg)
-        except ValueError as err:
+            created = create_run(store, paths, cfg, tracking_uri=cfg.tracking.tracking_uri, mode="cluster",
+                                 tags={"kfp.run_id": cfg.run_id, **tags},
+                                 join_run_id=os.environ.get("MLFLOW_RUN_ID", ""))
+        except RunExists as err:
             print(f"setup: {err}", file=sys.stderr)
             sys.exit(2)
-        summary["model"] = publish_model(store, paths, cfg)["path"]
-        mlflow_run = open_tracking(store, paths, cfg, url, {"kfp.run_id": cfg.run_id, **tags})
-        summary.update(written=written, mlflow_run_id=mlflow_run)
+        summary.update(model=created.model["path"], written=created.written,
+                       mlflow_run_id=created.tracker.run_id if created.tracker else None)
     print(json.dumps(summary))
     if args.run_id_output:
         Path(args.run_id_output).parent.mkdir(parents=True, exist_ok=True)

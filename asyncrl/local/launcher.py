@@ -1,15 +1,19 @@
 """The embedded launcher: one whole run on one machine, with the same role entrypoints a cluster uses.
 
+It owns process supervision only (the S3 server, the role processes, progress, evaluation through the servers);
+the run's documents, resume, summary and tracking are `asyncrl.run`'s, the very functions the pipeline's steps call.
+
 `asyncrl run CONFIG` → `run_embedded(cfg)`:
 1. builds (or finds cached) the model, creates the run folder `runs/<run_id>/`;
-2. starts SeaweedFS on loopback with its data in the run folder (kept after the run), creates the MLflow run in a
-   local sqlite store in the run folder, writes `config.json` and `tracking.json` to S3;
+2. starts SeaweedFS on loopback with its data in the run folder (kept after the run), creates the run
+   (`asyncrl.run.create`: `config.json`, `model.json`, `tracking.json`, the MLflow run in a local sqlite store
+   beside the run folders), or with `--resume` rewinds it (`asyncrl.run.resume`);
 3. starts reward and generation roles, waits until they published their addresses, evaluates the warm start on
    the held-out split through the generation servers;
 4. starts the training and environment roles, shows live progress from `versions/latest.json`, stops at the
    `done` marker (or on the first role that fails, or on Ctrl-C);
 5. evaluates again, compares every server's weight checksum with the trainer's, stops every process, and writes
-   `run_summary.json`.
+   `run_summary.json` (`asyncrl.run.summary`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -36,19 +39,20 @@ from asyncrl.config import RunConfig
 from asyncrl.evaluation.agentic import evaluate_agentic
 from asyncrl.evaluation.single_turn import evaluate
 from asyncrl.local.processes import ProcessGroup
-from asyncrl.local.resume import LOCAL_CONFIG, ResumeError, prepare_resume
 from asyncrl.local.seaweed import EmbeddedS3
 from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.rewards.custom import scorer_for
 from asyncrl.roles.context import base_url, wait_for_rendezvous
 from asyncrl.rpc.auth import TOKEN_ENV, auth_headers, new_token
-from asyncrl.storage.groups import GroupReader, GroupWriter
+from asyncrl.run.create import create_run, record_model
+from asyncrl.run.finalize import finish_tracking
+from asyncrl.run.resume import LOCAL_CONFIG, ResumeError, reattach_tracking, resume_run
+from asyncrl.run.summary import final_group, publish_summary, training_summary, weights_in_sync
 from asyncrl.storage.run_layout import RunPaths, run_url
 from asyncrl.storage.s3 import S3Store
 from asyncrl.tasks.datasets import load_split
-from asyncrl.tiny_model.prepare import model_document_for, resolve_model_path
-from asyncrl.tracking.mlflow_tracker import Tracker, embedded_tracking_uri, flatten_params
-from asyncrl.weights.buckets import checksums_match
+from asyncrl.tiny_model.prepare import resolve_model_path
+from asyncrl.tracking.mlflow_tracker import Tracker, embedded_tracking_uri
 
 log = logging.getLogger(__name__)
 
@@ -140,33 +144,30 @@ class EmbeddedRun:
         digest = hashlib.sha256(str(rpc).encode()).hexdigest()[:12]
         return Path(tempfile.gettempdir()) / f"asyncrl-rpc-{digest}"
 
-    def write_run_documents(self, store: S3Store) -> None:
+    def write_run_documents(self, store: S3Store, model_path: Path) -> None:
+        """A new run: its documents and MLflow run (`asyncrl.run.create`), plus the configuration in the run folder
+        (what `--resume` reads); with `resume`, the run rewound instead (`reopen_run`)."""
         if self.resume:
-            self.reopen_run(store)
+            self.reopen_run(store, model_path)
             return
-        store.ensure_bucket()
-        store.put_json(self.paths.config(), self.cfg.model_dump(mode="json"), if_absent=True)
-        (self.run_dir / LOCAL_CONFIG).write_text(self.cfg.model_dump_json(indent=2) + "\n")  # for --resume
         # one local store for every run under runs_dir, so runs can be compared side by side in the MLflow UI
         tracking_uri = self.cfg.tracking.tracking_uri or embedded_tracking_uri(self.run_dir.parent)
-        self.tracker = Tracker.create(
-            tracking_uri, self.cfg.tracking.experiment, self.cfg.run_id,
-            params=flatten_params(self.cfg.model_dump(mode="json")),
-            tags={"asyncrl.run_url": self.url, "asyncrl.mode": "embedded"},
-        )
-        store.put_json(self.paths.tracking(), {"tracking_uri": tracking_uri, "mlflow_run_id": self.tracker.run_id})
+        (self.run_dir / LOCAL_CONFIG).write_text(self.cfg.model_dump_json(indent=2) + "\n")  # for --resume
+        created = create_run(store, self.paths, self.cfg, tracking_uri=tracking_uri, mode="embedded",
+                             model_folder=model_path)
+        self.tracker = created.tracker
 
-    def reopen_run(self, store: S3Store) -> None:
+    def reopen_run(self, store: S3Store, model_path: Path) -> None:
         """--resume: rewind the run to its last committed checkpoint and re-attach its MLflow run."""
         try:
-            point = prepare_resume(store, self.paths, self.cfg)
+            resumed = resume_run(store, self.paths, self.cfg, asked_as="--resume",
+                                 missing_hint=f"its S3 data is gone (expected under {self.run_dir / 's3'})")
         except ResumeError as err:
             raise RunFailed(str(err)) from None
-        tracking = store.get_json(self.paths.tracking()) or {}
-        if tracking.get("mlflow_run_id"):
-            self.tracker = Tracker.attach(tracking["tracking_uri"], tracking["mlflow_run_id"])
-            self.tracker.client.update_run(self.tracker.run_id, status="RUNNING")
-            self.tracker.set_tags({"asyncrl.resumed_from": point.version})
+        self.cfg = resumed.cfg
+        record_model(store, self.paths, self.cfg, model_path)  # what the roles on this machine load
+        self.tracker = reattach_tracking(store, self.paths, resumed)
+        point = resumed.point
         _print(f"resuming from checkpoint {point.version} ({point.lost_steps} step(s) after it are trained again)")
 
     # ---- monitoring ----------------------------------------------------------------------------------
@@ -244,23 +245,6 @@ class EmbeddedRun:
                 out.append(r.json())
         return out
 
-    def group_accounting(self, store: S3Store, latest: dict[str, Any]) -> dict[str, int]:
-        """Where every group object went: written to S3 = consumed by the trainer (trained, dropped as stale, or
-        quarantined as unreadable) + left unconsumed at the end; plus the groups the writers had in flight when a crash
-        stopped them."""
-        counters, metrics = latest.get("counters", {}), latest.get("metrics", {})
-        written = sum(GroupWriter(store, self.paths, w).next_seq  # the groups of each writer's stream
-                      for w in GroupReader(store, self.paths).discover_writers())
-        consumed = sum(int(v) for v in latest.get("consumed", {}).values())
-        return {"groups_written": written, "groups_consumed": consumed,
-                "groups_trained": int(counters.get("groups_trained", 0)),
-                "groups_dropped_stale": int(counters.get("groups_dropped_stale", 0)),
-                "groups_quarantined": int(counters.get("quarantined_groups", counters.get("quarantined_objects", 0))),
-                "objects_quarantined": int(counters.get("quarantined_objects", 0)),
-                "groups_gaps_skipped": int(counters.get("gaps_skipped", 0)),
-                "groups_left_unconsumed": written - consumed,
-                "groups_lost_at_restart": int(metrics.get("rollout/lost_at_restart_groups", 0))}
-
     # ---- the run -------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         t_start = time.monotonic()
@@ -273,8 +257,7 @@ class EmbeddedRun:
         with ExternalS3(st.endpoint_url, st.region) if st.endpoint_url else EmbeddedS3(self.run_dir / "s3") as s3:
             os.environ.update(s3.env())  # this process talks to S3 with the server's credentials too
             store = S3Store(s3.endpoint_url, cfg.storage.bucket, region=cfg.storage.region)
-            self.write_run_documents(store)
-            store.put_json(self.paths.model(), model_document_for(cfg, model_path))  # what the roles load
+            self.write_run_documents(store, model_path)
             self.procs = ProcessGroup(self.run_dir / "logs", self.child_env(s3))
             try:
                 return self._run_roles(store, tokenizer, t_start)
@@ -283,8 +266,7 @@ class EmbeddedRun:
                 self.procs.stop_all()
                 if not self.rpc_dir().is_relative_to(self.run_dir.resolve()):
                     shutil.rmtree(self.rpc_dir(), ignore_errors=True)
-                if self.tracker is not None:
-                    self.tracker.finish("FINISHED" if (self.run_dir / "run_summary.json").exists() else "FAILED")
+                finish_tracking(self.tracker, succeeded=(self.run_dir / "run_summary.json").exists())
 
     def start_training(self, procs: ProcessGroup, args: list[str]) -> None:
         """The training role: one process, or `training.num_processes` ranks under torchrun (rank 0 leads).
@@ -327,56 +309,23 @@ class EmbeddedRun:
         if after:
             _print(f"eval after training:  {self.eval_metric} {after['accuracy']:.3f} ({after['correct']}/{after['n']})")
         checksums = self.server_checksums(gen_docs)
-        in_sync = all(c.get("version") == latest.get("version") and c.get("checksum") is not None
-                      and checksums_match(c["checksum"], latest["checksum"]) for c in checksums)
-        counters = latest.get("counters", {})
-        trained = int(counters.get("samples_trained", 0))
-        loop_s = float(counters.get("train_wall_s", 0.0))  # first step's wait to last step's sync, in the trainer
+        in_sync = weights_in_sync(checksums, latest)
         summary = {
-            "run_id": cfg.run_id,
-            "run_url": self.url,
-            "steps": cfg.training.steps,
-            "final_version": int(latest.get("version", 0)),
-            "samples_trained": trained,
-            "samples_dropped_stale": int(counters.get("samples_dropped_stale", 0)),
+            **training_summary(store, self.paths, self.url, cfg.training.steps, latest),
             "eval_accuracy_before": before["accuracy"] if before else None,
             "eval_accuracy_after": after["accuracy"] if after else None,
-            "staleness_mean": counters.get("staleness_sum", 0.0) / max(1, trained),
-            "staleness_max": int(counters.get("staleness_max", 0)),
             "wall_s": time.monotonic() - t_start,
             "train_wall_s": train_wall,
-            "train_loop_s": loop_s,
-            "samples_per_s": trained / loop_s if loop_s > 0 else 0.0,
-            "steady_samples_per_s": counters.get("steady_samples", 0) / max(1e-9, counters.get("steady_wall_s", 0.0)),
-            "steady_step_s": counters.get("steady_wall_s", 0.0) / max(1, counters.get("steady_steps", 0)),
-            **self.group_accounting(store, latest),
             "weights_in_sync": in_sync,
             "server_checksums": checksums,
             "num_generation_servers": cfg.generation.num_servers,
             "generation_restarts": sum(c.restarts for c in procs.children if c.name.startswith("generation-")),
-            "weight_group_epoch": int(latest.get("weight_group", {}).get("epoch", 0)),
         }
         if not in_sync:
             raise RunFailed(f"generation servers' weights differ from the trainer's: {checksums} vs {latest.get('checksum')}")
-        if self.tracker is not None:
-            self.tracker.log_metrics({k: float(v) for k, v in summary.items()
-                                      if isinstance(v, int | float) and not isinstance(v, bool)}, step=summary["final_version"])
-            self.tracker.log_dict(summary, "run_summary.json")
-        (self.run_dir / "run_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        store.put_json(f"{self.paths.root}/run_summary.json", summary)
+        publish_summary(store, self.paths, summary, self.tracker, self.run_dir)
         _print(json.dumps(summary, indent=2))
         return summary
-
-
-def final_group(latest: dict[str, Any]) -> list[dict[str, Any]]:
-    """The generation servers of the trainer's last weight group (`weight_group` of versions/latest.json), as
-    rendezvous-like documents: the servers that hold the final weights. A server that restarted after the last push
-    is not among them (it serves the last committed checkpoint)."""
-    out = []
-    for s in latest.get("weight_group", {}).get("servers", []):
-        url = urlsplit(str(s["url"]))
-        out.append({"id": s["id"], "host": url.hostname, "port": url.port, "epoch": s.get("epoch", 0)})
-    return out
 
 
 def run_embedded(cfg: RunConfig, resume: bool = False) -> dict[str, Any]:

@@ -9,7 +9,7 @@ The roles that serve the trainer (generation, reward, environment) watch the run
 themselves when:
 - the run's `done` marker exists (the trainer finished, or the pipeline's finalize step ran): exit code 0;
 - the trainer's heartbeat says "failed": exit code 1 at once (a resume deletes the crashed attempt's heartbeats
-  before any role starts, see `asyncrl.local.resume`);
+  before any role starts, see `asyncrl.run.resume`);
 - the trainer's heartbeat has not appeared within `timeouts.rendezvous_s`, or its `seq` has not advanced for
   `timeouts.peer_s` (killed, OOM, node lost): exit code 1.
 

@@ -82,13 +82,13 @@ def test_roles_find_the_run_model_only_through_model_json(s3_server, s3_store, t
 
 
 def test_setup_records_the_model_once(s3_server, s3_store, tmp_path):
-    from asyncrl.cluster.setup import publish_model
+    from asyncrl.run.create import record_model
     from asyncrl.storage.run_layout import RunPaths
 
     paths = RunPaths("runs", "setup-model")
     uri = f"s3://{s3_store.bucket}/models/given"
     cfg = load_config(None, [f"model.path={uri}", f"cache_dir={tmp_path}", "run_id=setup-model"])
-    doc = publish_model(s3_store, paths, cfg)
+    doc = record_model(s3_store, paths, cfg)
     assert doc == {"path": uri, "source": "model.path", "model_path": uri} == s3_store.get_json(paths.model())
     other = load_config(None, [f"model.path={uri}-2", f"cache_dir={tmp_path}", "run_id=setup-model"])
-    assert publish_model(s3_store, paths, other) == doc  # a retried or resumed setup keeps what the roles load
+    assert record_model(s3_store, paths, other) == doc  # a retried or resumed setup keeps what the roles load

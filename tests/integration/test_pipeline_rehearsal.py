@@ -38,7 +38,8 @@ def rehearsal(tmp_path_factory):
         return {"config": store.get_json(paths.config()), "tracking": store.get_json(paths.tracking()),
                 "generation": [store.get_json(paths.rendezvous("generation", "0"))],
                 "latest": store.get_json(paths.versions_latest()), "done": store.exists(paths.done()),
-                "final": store.get_json(paths.file("final_status.json"))}
+                "final": store.get_json(paths.file("final_status.json")),
+                "summary": store.get_json(paths.file("run_summary.json"))}
 
     result = rehearse(DEFAULT_YAML, params, workdir=work / "run", timeout_s=420, exit_grace_s=90, inspect=inspect)
     return result, db
@@ -64,6 +65,9 @@ def test_s3_holds_config_rendezvous_versions_done_and_final_status(rehearsal):
     assert s3["latest"]["version"] == STEPS
     assert s3["done"] is True
     assert s3["final"]["status"] == "SUCCEEDED" and s3["final"]["final_version"] == STEPS
+    summary = s3["summary"]  # finalize writes the training summary `asyncrl run` reports (asyncrl.run.summary)
+    assert summary["status"] == "SUCCEEDED" and summary["final_version"] == STEPS and summary["samples_trained"] > 0
+    assert summary["groups_written"] == summary["groups_consumed"] + summary["groups_left_unconsumed"]
 
 
 def test_mlflow_run_has_the_kfp_run_id_and_step_metrics(rehearsal):

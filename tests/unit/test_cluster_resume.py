@@ -1,12 +1,11 @@
-"""The pure checks of a cluster resume (asyncrl.cluster.resume): which configuration differences refuse it, with
+"""The pure checks of a cluster resume (asyncrl.run.resume): which configuration differences refuse it, with
 each refused field named with its stored and given values; `training.steps` may only grow, and only when the
 critics' derived warm-up stays the same."""
 
 import pytest
 
-from asyncrl.cluster.resume import config_differences, flatten, resumable_config
 from asyncrl.cluster.setup import resolve_config
-from asyncrl.local.resume import ResumeError
+from asyncrl.run.resume import ResumeError, config_differences, flatten, resumable_config
 
 ASYPPO = "training:\n  advantage: gae\n  asyppo: {}\n"
 

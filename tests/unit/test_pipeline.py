@@ -27,7 +27,7 @@ def docs():
 
 def test_committed_yaml_is_current(tmp_path):
     fresh = compile_pipeline(tmp_path / "asyncrl.yaml").read_text()
-    assert fresh == DEFAULT_YAML.read_text(), "pipelines/asyncrl.yaml is stale: run `asyncrl pipeline compile`"
+    assert fresh == DEFAULT_YAML.read_text(), "asyncrl/cluster/pipeline/asyncrl.yaml is stale: run `asyncrl pipeline compile`"
 
 
 def test_yaml_parses_into_kfp_protos(docs):

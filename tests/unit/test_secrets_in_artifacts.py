@@ -17,7 +17,7 @@ from asyncrl.rpc.auth import TOKEN_ENV
 from asyncrl.tracking.mlflow_tracker import Tracker, embedded_tracking_uri, flatten_params, is_secret_key
 
 ROOT = Path(__file__).resolve().parents[2]
-PIPELINE_YAML = ROOT / "pipelines" / "asyncrl.yaml"
+PIPELINE_YAML = ROOT / "asyncrl" / "cluster" / "pipeline" / "asyncrl.yaml"
 ROLE_TOKEN_SECRET = "asyncrl-role-token"
 SECRET_ENV = (TOKEN_ENV, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
@@ -70,8 +70,8 @@ def test_compiled_pipeline_holds_no_secret_value() -> None:
 
 
 def test_compiled_pipeline_maps_the_role_token_only_from_its_secret() -> None:
-    # DEPENDS ON the lead's edit of pipelines/asyncrl_pipeline.py `_common` (use_secret_as_env of
-    # asyncrl-role-token) and a recompile of pipelines/asyncrl.yaml: fails until both are in.
+    # DEPENDS ON asyncrl/cluster/pipeline/definition.py `_common` (use_secret_as_env of asyncrl-role-token) and
+    # the compiled asyncrl/cluster/pipeline/asyncrl.yaml.
     check_role_token_mapping(PIPELINE_YAML)
 
 

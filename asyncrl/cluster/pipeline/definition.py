@@ -1,12 +1,12 @@
 """The asyncrl pipeline: setup, then the four long-lived roles side by side, and finalize on exit.
 
-    asyncrl pipeline compile            # writes pipelines/asyncrl.yaml (committed; a test checks it is current)
+    asyncrl pipeline compile            # writes asyncrl/cluster/pipeline/asyncrl.yaml (committed; a test checks it is current)
 
 Graph: `finalize` is the `dsl.ExitHandler` exit task around everything, so it runs whether the run succeeded,
 failed or was cancelled: it writes the `done` marker (every role exits by itself, so no GPU stays held), records
 the final status and registers the final model in MLflow. Inside: `setup` validates the configuration and writes it
 to S3 under the KFP run id (or, with `resume_run_id`, checks and rewinds that crashed run: see
-`asyncrl.cluster.resume`) and outputs the run id; every role reads it from setup's output `run_id` (a
+`asyncrl.run.resume`) and outputs the run id; every role reads it from setup's output `run_id` (a
 taskOutputParameter), so a resumed pipeline run drives the old run's S3 folder; the roles depend on setup only
 (they read that document), never on each other, so Argo runs them concurrently; they find each other through S3
 rendezvous documents under the run id. `finalize` may not read setup's output (KFP forbids an exit task any upstream
@@ -23,7 +23,7 @@ tolerations and a node selector for GPU nodes, a timeout, and caching disabled (
 
 from kfp import dsl, kubernetes
 
-from components.roles import finalize, role, setup, training_role
+from asyncrl.cluster.pipeline.components import finalize, role, setup, training_role
 
 S3_SECRET = "asyncrl-s3"
 S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}

@@ -5,7 +5,7 @@ Each is a thin container around an `asyncrl` entrypoint, the very command the em
 parameter `run_id`: the KFP run id for a new run, the resumed run's id with the pipeline parameter `resume_run_id`. Images are set per task by
 the pipeline (`set_container_image`, from pipeline parameters); the defaults below are only placeholders the
 pipeline always replaces. S3 credentials and endpoint come from the Kubernetes secret `asyncrl-s3` (see
-pipelines/asyncrl_pipeline.py), never from a parameter.
+asyncrl/cluster/pipeline/definition.py), never from a parameter.
 """
 
 
@@ -27,7 +27,7 @@ def setup(bucket: str, prefix: str, config_yaml: str, overrides: list, tags: lis
           run_id: dsl.OutputPath(str)):
     """Validate the configuration (YAML text, the UI's fields, then `section.key=value` overrides, in that order)
     and write it to S3 under the run; the MLflow run is tagged with the three image references. KFP passes the list
-    parameters as JSON text. With `resume_run_id`, resume that run instead (`asyncrl.cluster.resume`). Output
+    parameters as JSON text. With `resume_run_id`, resume that run instead (`asyncrl.run.resume`). Output
     `run_id`: the run every role drives."""
     return dsl.ContainerSpec(
         image=PLACEHOLDER_IMAGE,

@@ -1,0 +1,12 @@
+"""The Kubeflow pipeline of asyncrl, inside the package (no `sys.path` edit needed to compile it).
+
+`components.py`: the container components (setup, one long-lived role, the training role under torchrun, the
+finalize exit step), thin wrappers around `python -m asyncrl.cluster.setup|finalize` and `asyncrl.roles.<role>`.
+`definition.py`: the pipeline graph (`asyncrl_pipeline`) and what each task gets through kfp-kubernetes.
+`asyncrl.yaml` (`COMPILED`): the compiled KFP IR YAML, committed; `asyncrl pipeline compile` rewrites it and
+tests/unit/test_pipeline.py fails when it is stale. Importing this package imports no `kfp`.
+"""
+
+from pathlib import Path
+
+COMPILED = Path(__file__).resolve().with_name("asyncrl.yaml")

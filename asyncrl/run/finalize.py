@@ -1,0 +1,85 @@
+"""Ending a run, whatever happened to it: the `done` marker, the final status, the summary, the registered model,
+the MLflow run's end.
+
+`finalize` (the pipeline's exit step, `asyncrl.cluster.finalize`):
+1. writes the run's `done` marker (if absent), so every long-lived role exits by itself and frees its GPUs;
+2. records `final_status.json` (the pipeline's status, the last committed checkpoint version, the time) and, when
+   the trainer published a version, `run_summary.json` (`asyncrl.run.summary.training_summary`);
+3. with MLflow tracking: registers the last committed checkpoint as a new version of the registered model
+   `<experiment>-<config name>` (source: its S3 folder; a resumed run registers its new final one) and ends the
+   MLflow run as FINISHED or FAILED.
+Idempotent: a retried finalize finds the marker, rewrites the status and registers nothing twice. `owns_run` says
+whether a pipeline run may end a run at all (a resumed run: only the pipeline run that resumed it last).
+`finish_tracking` ends an embedded run's MLflow run with the same status rule (`asyncrl.run.documents`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.config.load import config_from_json
+from asyncrl.run.documents import FINAL_STATUS, SUCCEEDED, current_attempt, mlflow_status
+from asyncrl.run.summary import SUMMARY, training_summary
+from asyncrl.storage.run_layout import RunPaths, run_url
+from asyncrl.storage.s3 import ObjectExists, S3Store
+
+if TYPE_CHECKING:
+    from asyncrl.tracking.mlflow_tracker import Tracker
+
+
+def owns_run(store: S3Store, paths: RunPaths, kfp_run_id: str) -> bool:
+    """True when pipeline run `kfp_run_id` may end run `paths.run_id`: it is that run (a new run), or the run's
+    last resume was made by it."""
+    return kfp_run_id == paths.run_id or current_attempt(store, paths) == kfp_run_id
+
+
+def finalize(store: S3Store, paths: RunPaths, status: str) -> dict[str, Any]:
+    """Mark the run done, record its final status and summary, register its model; returns the status document."""
+    from asyncrl.storage.checkpoints import latest_committed_version  # imports torch: only when finalizing
+
+    with contextlib.suppress(ObjectExists):  # the trainer (or an earlier finalize) may have ended the run already
+        store.put_json(paths.done(), {"time": time.time(), "by": "finalize"}, if_absent=True)
+    version = latest_committed_version(store, paths)
+    doc: dict[str, Any] = {"status": status, "final_version": version, "time": time.time()}
+    raw = store.get_bytes(paths.config())
+    cfg = config_from_json(raw.decode(), paths.config()) if raw is not None else None
+    tracking = store.get_json(paths.tracking())
+    if cfg is not None and isinstance(tracking, dict) and tracking.get("mlflow_run_id"):
+        doc["registered_model"] = _register(tracking, cfg.tracking.experiment, cfg.name, store.bucket, paths,
+                                            version, status)
+    store.put_json(paths.file(FINAL_STATUS), doc)
+    latest = store.get_json(paths.versions_latest())
+    if cfg is not None and isinstance(latest, dict):
+        url = run_url(store.bucket, paths.prefix, paths.run_id)
+        store.put_json(paths.file(SUMMARY),
+                       {**training_summary(store, paths, url, cfg.training.steps, latest), "status": status})
+    return doc
+
+
+def _register(tracking: dict[str, Any], experiment: str, name: str, bucket: str, paths: RunPaths,
+              version: int | None, status: str) -> dict[str, Any] | None:
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=tracking["tracking_uri"])
+    run_id = tracking["mlflow_run_id"]
+    registered = None
+    if version is not None:
+        model = f"{experiment}-{name}"
+        source = f"s3://{bucket}/{paths.checkpoint_prefix(version).rstrip('/')}"
+        with contextlib.suppress(MlflowException):  # it exists: add a version
+            client.create_registered_model(model)
+        existing = [v for v in client.search_model_versions(f"name='{model}'")
+                    if v.run_id == run_id and v.source == source]  # a resumed run registers its new final one
+        mv = existing[0] if existing else client.create_model_version(model, source, run_id=run_id)
+        registered = {"name": model, "version": str(mv.version), "source": source}
+    client.set_terminated(run_id, status=mlflow_status(status in SUCCEEDED))
+    return registered
+
+
+def finish_tracking(tracker: Tracker | None, succeeded: bool) -> None:
+    """End a run's MLflow run (embedded: the launcher's own tracker) as FINISHED or FAILED."""
+    if tracker is not None:
+        tracker.finish(mlflow_status(succeeded))

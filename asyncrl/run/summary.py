@@ -1,0 +1,98 @@
+"""What a finished run reports: `run_summary.json`.
+
+`training_summary` reads it from the trainer's last `versions/latest.json` (samples trained and dropped, staleness,
+throughput, where every group object went); the embedded launcher adds its evaluations, wall times and the
+servers' weight checksums, and `publish_summary` writes it to the run folder, S3 (`<run>/run_summary.json`) and
+MLflow (its numbers as metrics at the final version, the document as an artifact). The pipeline's `finalize` step
+writes the same training summary for a cluster run. `final_group` and `weights_in_sync` read the trainer's last
+weight group: the servers that hold the final weights, and whether they match the trainer's checksum.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from asyncrl.storage.groups import GroupReader, GroupWriter
+from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.s3 import S3Store
+from asyncrl.weights.buckets import checksums_match
+
+if TYPE_CHECKING:
+    from asyncrl.tracking.mlflow_tracker import Tracker
+
+SUMMARY = "run_summary.json"
+
+
+def group_accounting(store: S3Store, paths: RunPaths, latest: dict[str, Any]) -> dict[str, int]:
+    """Where every group object went: written to S3 = consumed by the trainer (trained, dropped as stale, or
+    quarantined as unreadable) + left unconsumed at the end; plus the groups the writers had in flight when a crash
+    stopped them."""
+    counters, metrics = latest.get("counters", {}), latest.get("metrics", {})
+    written = sum(GroupWriter(store, paths, w).next_seq  # the groups of each writer's stream
+                  for w in GroupReader(store, paths).discover_writers())
+    consumed = sum(int(v) for v in latest.get("consumed", {}).values())
+    return {"groups_written": written, "groups_consumed": consumed,
+            "groups_trained": int(counters.get("groups_trained", 0)),
+            "groups_dropped_stale": int(counters.get("groups_dropped_stale", 0)),
+            "groups_quarantined": int(counters.get("quarantined_groups", counters.get("quarantined_objects", 0))),
+            "objects_quarantined": int(counters.get("quarantined_objects", 0)),
+            "groups_gaps_skipped": int(counters.get("gaps_skipped", 0)),
+            "groups_left_unconsumed": written - consumed,
+            "groups_lost_at_restart": int(metrics.get("rollout/lost_at_restart_groups", 0))}
+
+
+def training_summary(store: S3Store, paths: RunPaths, run_url: str, steps: int,
+                     latest: dict[str, Any]) -> dict[str, Any]:
+    """The run's summary from the trainer's last `versions/latest.json` (`latest`)."""
+    counters = latest.get("counters", {})
+    trained = int(counters.get("samples_trained", 0))
+    loop_s = float(counters.get("train_wall_s", 0.0))  # first step's wait to last step's sync, in the trainer
+    return {
+        "run_id": paths.run_id,
+        "run_url": run_url,
+        "steps": steps,
+        "final_version": int(latest.get("version", 0)),
+        "samples_trained": trained,
+        "samples_dropped_stale": int(counters.get("samples_dropped_stale", 0)),
+        "staleness_mean": counters.get("staleness_sum", 0.0) / max(1, trained),
+        "staleness_max": int(counters.get("staleness_max", 0)),
+        "train_loop_s": loop_s,
+        "samples_per_s": trained / loop_s if loop_s > 0 else 0.0,
+        "steady_samples_per_s": counters.get("steady_samples", 0) / max(1e-9, counters.get("steady_wall_s", 0.0)),
+        "steady_step_s": counters.get("steady_wall_s", 0.0) / max(1, counters.get("steady_steps", 0)),
+        **group_accounting(store, paths, latest),
+        "weight_group_epoch": int(latest.get("weight_group", {}).get("epoch", 0)),
+    }
+
+
+def final_group(latest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The generation servers of the trainer's last weight group (`weight_group` of versions/latest.json), as
+    rendezvous-like documents: the servers that hold the final weights. A server that restarted after the last push
+    is not among them (it serves the last committed checkpoint)."""
+    out = []
+    for s in latest.get("weight_group", {}).get("servers", []):
+        url = urlsplit(str(s["url"]))
+        out.append({"id": s["id"], "host": url.hostname, "port": url.port, "epoch": s.get("epoch", 0)})
+    return out
+
+
+def weights_in_sync(checksums: list[dict[str, Any]], latest: dict[str, Any]) -> bool:
+    """True when every server's weights (`/weights/checksum`) are the trainer's last version, checksum included."""
+    return all(c.get("version") == latest.get("version") and c.get("checksum") is not None
+               and checksums_match(c["checksum"], latest["checksum"]) for c in checksums)
+
+
+def publish_summary(store: S3Store, paths: RunPaths, summary: dict[str, Any], tracker: Tracker | None,
+                    folder: Path | None = None) -> None:
+    """Write `summary` to MLflow (numbers as metrics at its final version, the document as an artifact), to
+    `folder/run_summary.json` when given, and to S3 (`<run>/run_summary.json`)."""
+    if tracker is not None:
+        tracker.log_metrics({k: float(v) for k, v in summary.items()
+                             if isinstance(v, int | float) and not isinstance(v, bool)}, step=summary["final_version"])
+        tracker.log_dict(summary, SUMMARY)
+    if folder is not None:
+        (folder / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
+    store.put_json(paths.file(SUMMARY), summary)

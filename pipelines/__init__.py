@@ -1,1 +1,0 @@
-"""Kubeflow Pipelines definitions of asyncrl and their compiled YAML."""
