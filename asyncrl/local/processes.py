@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from asyncrl.roles.liveness import ORPHAN_ENV
+
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
@@ -61,11 +63,12 @@ class Child:
 
 
 class ProcessGroup:
-    """The set of role processes of one run."""
+    """The set of role processes of one run. Each starts in a session of its own, is sent SIGTERM by the kernel when
+    the thread that started it ends (`die_with_parent`), and ends itself if that stop hangs (`ORPHAN_ENV`)."""
 
     def __init__(self, log_dir: Path, env: dict[str, str]) -> None:
         self.log_dir = log_dir
-        self.env = env
+        self.env = {**env, ORPHAN_ENV: "1"}
         self.children: list[Child] = []
         log_dir.mkdir(parents=True, exist_ok=True)
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from asyncrl.config import RunConfig, config_from_json
 from asyncrl.models.folder import run_model_folder
-from asyncrl.roles.liveness import Heartbeat, RunOver, watch_run
+from asyncrl.roles.liveness import Heartbeat, RunOver, exit_when_orphaned, watch_run
 from asyncrl.storage.run_layout import RunPaths, parse_run_url
 from asyncrl.storage.s3 import S3Store
 
@@ -100,6 +100,7 @@ class RoleContext:
         store.close()
         store = S3Store(endpoint, bucket, timeout_s=30.0, retry_deadline_s=cfg.timeouts.storage_s)
         apply_network_env(cfg, os.environ)
+        exit_when_orphaned()  # started by the embedded launcher: never outlive it (asyncrl.roles.liveness)
         host = advertised(args, "" if args.host in ("0.0.0.0", "::") else args.host) or "127.0.0.1"
         return cls(role, args.id, args.run_url, store, paths, cfg, advertise_host=host)
 

@@ -13,6 +13,11 @@ themselves when:
 - the trainer's heartbeat has not appeared within `timeouts.rendezvous_s`, or its `seq` has not advanced for
   `timeouts.peer_s` (killed, OOM, node lost): exit code 1.
 
+A role the embedded launcher started (it sets `ORPHAN_ENV`) also ends when the launcher is gone (`exit_when_orphaned`):
+the kernel's SIGTERM (`PR_SET_PDEATHSIG`) starts the usual graceful stop, and a stop still running `ORPHAN_GRACE_S`
+later (stuck retrying the S3 server that died with the launcher) is cut short: the role's process group (the role
+and the engine processes it started) is killed.
+
 Staleness is judged by `PeerWatch` on this process's monotonic clock from the sequence numbers it observed, never
 by comparing the peer's wall clock with ours, so clock skew between pods cannot end a run or keep one alive.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -30,6 +36,32 @@ from typing import Any
 
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
+
+ORPHAN_ENV = "ASYNCRL_EXIT_WHEN_ORPHANED"
+ORPHAN_GRACE_S = 15.0
+
+
+def exit_when_orphaned(grace_s: float = ORPHAN_GRACE_S, poll_s: float = 1.0) -> threading.Thread | None:
+    """With `ORPHAN_ENV` set (the embedded launcher sets it; it starts each role in a session of its own), watch the
+    parent from a daemon thread: once it has changed (the launcher died), allow `grace_s` for the graceful stop its
+    death triggered, then kill this process's group and exit. None (no watch) without the variable."""
+    if not os.environ.get(ORPHAN_ENV):
+        return None
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        time.sleep(grace_s)
+        log.error("the launcher (pid %d) is gone and the stop did not finish within %.0f s: exiting", parent, grace_s)
+        logging.shutdown()
+        if os.getpgid(0) == os.getpid():  # our own session's group: the role and what it started, never the caller's
+            os.killpg(0, signal.SIGKILL)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="orphan-watch", daemon=True)
+    thread.start()
+    return thread
 
 log = logging.getLogger(__name__)
 
