@@ -22,11 +22,12 @@ def is_import_path(name: str) -> bool:
     return ":" in name
 
 
-def import_module_of(path: str, what: str) -> tuple[ModuleType, str]:
+def import_module_of(path: str, what: str, form: str = "an import path 'package.module:attribute'"
+                     ) -> tuple[ModuleType, str]:
     """The module of `path`, imported now, and the attribute part of the path; ValueError naming `what` and `path`
     otherwise. (A loss's module registers the loss when imported: `training.loss` needs only this.)"""
     if not IMPORT_PATH.match(path):
-        raise ValueError(f"{what} {path!r}: expected an import path 'package.module:attribute'")
+        raise ValueError(f"{what} {path!r}: expected {form}")
     module_name, _, attribute = path.partition(":")
     try:
         return importlib.import_module(module_name), attribute
@@ -37,10 +38,11 @@ def import_module_of(path: str, what: str) -> tuple[ModuleType, str]:
         raise ValueError(f"{what} {path!r}: importing module {module_name!r} raised {type(e).__name__}: {e}") from e
 
 
-def import_object(path: str, what: str) -> Any:
-    """The object `path` names (imported now); ValueError naming `what` and `path` otherwise."""
+def import_object(path: str, what: str, form: str = "an import path 'package.module:attribute'") -> Any:
+    """The object `path` names (imported now); ValueError naming `what` and `path` otherwise (a malformed path:
+    "expected `form`")."""
     target: Any
-    target, attribute = import_module_of(path, what)
+    target, attribute = import_module_of(path, what, form)
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise ValueError(f"{what} {path!r}: module {target.__name__!r} has no attribute {attribute!r}")

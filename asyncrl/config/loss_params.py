@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from asyncrl.plugins import IMPORT_PATH, import_module_of
+from asyncrl.plugins import import_module_of
 
 __all__ = ["BUILTIN_LOSSES", "CISPOParams", "DecoupledPPOParams", "LossParams", "MOVED_KEYS", "PPOParams",
            "TISParams", "TOPRParams", "loss_params_class", "parse_loss_params", "register_loss_params",
@@ -117,9 +117,7 @@ def resolve_loss(name: str) -> str:
             raise ValueError(f"unknown loss {name!r}; expected one of {registered_losses()} or an import path "
                              f"'package.module:name'")
         return name
-    if not IMPORT_PATH.match(name):
-        raise ValueError(f"loss {name!r}: expected a registered name or an import path 'package.module:name'")
-    module, loss_name = import_module_of(name, "loss")
+    module, loss_name = import_module_of(name, "loss", "a registered name or an import path 'package.module:name'")
     module_name = module.__name__
     if loss_name not in _REGISTRY:
         raise ValueError(f"loss {name!r}: module {module_name!r} did not register a loss {loss_name!r} (registered: "

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from asyncrl.plugins import IMPORT_PATH, import_object, is_import_path
+from asyncrl.plugins import import_object, is_import_path
 
 
 class EpisodeOver(RuntimeError):
@@ -89,10 +89,7 @@ def resolve(name: str) -> Callable[..., Environment]:
         if name not in _REGISTRY:
             raise ValueError(f"environment: unknown name {name!r}; registered: {registered()}")
         return _REGISTRY[name]
-    if not IMPORT_PATH.match(name):
-        raise ValueError(f"environment {name!r}: expected a registered name or an import path "
-                         f"'package.module:ClassName'")
-    target = import_object(name, "environment")
+    target = import_object(name, "environment", "a registered name or an import path 'package.module:ClassName'")
     if not inspect.isclass(target):
         raise NotAnEnvironment(f"environment {name!r}: expected a class, got a {type(target).__name__}")
     for method in ("reset", "step"):
