@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint unit build-model bench bench-efficiency bench-control-plane calibrate stability credit-overhead agentic agentic-bench faults images push-images clean
+.PHONY: install run test lint unit build-model bench compare bench-efficiency bench-control-plane calibrate stability credit-overhead agentic agentic-bench faults images push-images clean
 
 install: $(STAMP)
 
@@ -46,6 +46,10 @@ bench: $(STAMP)
 	$(PY) benchmarks/async_vs_sync.py
 	$(PY) benchmarks/scaling.py
 	$(PY) benchmarks/ablation.py
+
+# The runs of the last `make bench` (async vs sync) side by side from MLflow: table, PNGs, HTML (asyncrl compare).
+compare: $(STAMP)
+	$(PY) benchmarks/compare_last_bench.py
 
 calibrate: $(STAMP)
 	$(PY) benchmarks/calibrate_cost_model.py

@@ -7,6 +7,7 @@
     asyncrl pipeline compile|upload|run [...]           # Kubeflow Pipelines (asyncrl.cluster.pipeline_cli)
     asyncrl plan --gpus 64 --model-size 7e9 --median-tokens 3000 --max-tokens 32768
     asyncrl sandbox-check                                # what isolates a tool call on this host (asyncrl.sandbox)
+    asyncrl compare [--experiment E] [--runs ID ...] [--metric M ...] [--x step|samples|wall_s]   # asyncrl.compare
 """
 
 from __future__ import annotations
@@ -39,10 +40,12 @@ def _parser() -> argparse.ArgumentParser:
                                 "its own configuration is used (give no CONFIG and no --set, except runs_dir)")
     sub.add_parser("sandbox-check", help="print what isolation a tool call gets on this host (exit 1: none)")
     from asyncrl.cluster.pipeline_cli import add_parser
+    from asyncrl.compare.command import add_parser as add_compare_parser
     from asyncrl.sim.commands import add_parsers
 
     add_parsers(sub)
     add_parser(sub)
+    add_compare_parser(sub)
     return p
 
 
@@ -88,6 +91,11 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("asyncrl.models").setLevel(min(logging.INFO, logging.getLogger().level))
     for noisy in ("httpx", "httpcore", "botocore", "urllib3", "mlflow"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+    if args.command == "compare":
+        from asyncrl.compare.command import main as compare_main
+
+        compare_main(args)
+        return
     if args.command == "pipeline":
         from asyncrl.cluster.pipeline_cli import main as pipeline_main
 

@@ -31,10 +31,11 @@ DEFAULT_VARIANTS = [
 ]
 
 
-def run_variant(name: str, overrides: list[str], args: argparse.Namespace, runs_dir: Path) -> dict:
-    run_id = f"bench-{name}-{int(time.time())}"
+def run_variant(name: str, overrides: list[str], args: argparse.Namespace, runs_dir: Path, stamp: str) -> dict:
+    run_id = f"bench-{stamp}-{name}"  # one stamp per invocation: `mlflow_filter` in the JSON selects its runs
     cmd = [sys.executable, "-m", "asyncrl.cli", "run", args.config, "--set", f"runs_dir={runs_dir}",
-           "--set", f"run_id={run_id}", "--set", f"training.steps={args.steps}", "--set", "eval_before_after=false"]
+           "--set", f"run_id={run_id}", "--set", f"training.steps={args.steps}", "--set", "eval_before_after=false",
+           "--set", f"tracking.experiment={args.experiment}"]
     for o in overrides:
         cmd += ["--set", o]
     print(f"[{name}] {' '.join(overrides)}", flush=True)
@@ -54,14 +55,17 @@ def main() -> None:
     p.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]")
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/async_vs_sync.json"))
     p.add_argument("--runs-dir", default=str(ROOT / "runs/bench"))
+    p.add_argument("--experiment", default="async_vs_sync",
+                   help="the MLflow experiment of its runs (`make compare` plots the last invocation's)")
     args = p.parse_args()
     variants = args.variant or DEFAULT_VARIANTS
     runs_dir = Path(args.runs_dir).resolve()
     results = []
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     for v in variants:
         name, _, rest = v.partition(":")
         overrides = [o for o in rest.split(",") if o]
-        s = run_variant(name, overrides, args, runs_dir)
+        s = run_variant(name, overrides, args, runs_dir, stamp)
         results.append({"name": name, "overrides": overrides, "samples_per_s": s["steady_samples_per_s"],
                         "step_s": s["steady_step_s"], "all_steps_samples_per_s": s["samples_per_s"],
                         "train_wall_s": s["train_wall_s"], "staleness_mean": s["staleness_mean"],
@@ -84,6 +88,8 @@ def main() -> None:
     out = {"benchmark": "async_vs_sync",
            "config": str(config.relative_to(ROOT)) if config.is_relative_to(ROOT) else str(config), "steps": args.steps,
            "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
+           "mlflow": {"runs_dir": str(runs_dir), "experiment": args.experiment,
+                      "filter": f"attributes.run_name LIKE 'bench-{stamp}-%'"},
            "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")

@@ -39,6 +39,7 @@ from typing import Any
 
 from efficiency_parts.common import JOBS, ROOT, log, run_part
 from efficiency_parts.e2e import CLASSES, run_e2e
+from efficiency_parts.mlflow_runs import log_part_run
 from efficiency_parts.sim_part import simulate_job
 from efficiency_parts.trainer_idle import run_trainer_idle
 from efficiency_parts.trl_part import run_trl
@@ -114,6 +115,11 @@ def run_job(name: str, args: argparse.Namespace, work: Path, runs_dir: Path) -> 
     if "sim" not in args.skip:
         sim = simulate_job(cfg, raw if raw and "error" not in raw else None, args.steps)
         _report(name, "simulator", sim, "samples_per_s")
+    job_params = {"job": name, "config": config, "overrides": overrides, "samples_per_step": samples}
+    res["mlflow_runs"] = {
+        "raw_engine": log_part_run(runs_dir, name, "raw-engine", raw, {**job_params, **(raw or {}).get("engine_kwargs", {})}),
+        "trl": log_part_run(runs_dir, name, "trl", trl, {**job_params, **(trl or {}).get("versions", {})}),
+    }
     limit = own_limit(samples, raw, train, e2e)
     res.update({"raw_engine": raw, "train_step": train, "e2e": e2e, "trainer_idle": idle, "trl": trl, "sim": sim, "own_limit": limit})
     e2e_sps = figure(e2e, "samples_per_s")

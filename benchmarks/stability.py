@@ -47,7 +47,8 @@ WATCHED = ("train/loss", "train/grad_norm", "train/entropy", "train/iw_max", "cr
 def run_variant(name: str, overrides: list[str], config: str, runs_dir: Path, seed: int) -> dict:
     run_id = f"stab-{name}-s{seed}-{int(time.time())}"
     cmd = [sys.executable, "-m", "asyncrl.cli", "run", config, "--set", f"runs_dir={runs_dir}", "--set", f"run_id={run_id}",
-           "--set", f"training.seed={seed}", "--set", f"generation.seed={seed}"]
+           "--set", f"training.seed={seed}", "--set", f"generation.seed={seed}",
+           "--set", "tracking.experiment=stability"]  # one experiment: `asyncrl compare --experiment stability`
     for o in overrides:
         cmd += ["--set", o]
     print(f"[{name}] {' '.join(overrides)}", flush=True)

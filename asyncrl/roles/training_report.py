@@ -162,6 +162,7 @@ class TrainingReport:
             "time/sync_s": r.sync_s,
             "time/step_s": step_s,
             "version": r.version,
+            "progress/samples_trained": c.samples_trained,  # the x axis "samples" of `asyncrl compare`
         }
         for k, v in stale.items():
             if k not in ("staleness_mean", "staleness_max"):

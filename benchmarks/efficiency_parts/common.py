@@ -19,6 +19,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 JOBS = {"default": "configs/default.yaml", "longtail": "configs/bench_longtail.yaml"}
+EXPERIMENT = "efficiency"  # the MLflow experiment of its runs: end to end, trainer idle, and the raw engine and TRL
 
 
 def log(msg: str) -> None:

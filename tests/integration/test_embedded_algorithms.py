@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
 from pathlib import Path
 
 import mlflow
@@ -21,43 +19,22 @@ from asyncrl.local.seaweed import EmbeddedS3
 from asyncrl.storage.checkpoints import latest_committed_version, load_checkpoint_tensors
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
-from tests.helpers.subprocess_runs import run_embedded
+from tests.integration.conftest import ALGORITHMS_RUN_ID, ALGORITHMS_STEPS, mlflow_run
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 3
-OVERRIDES = [
-    "generation.num_servers=1", f"training.steps={STEPS}", "training.checkpoint_every=2", "training.loss=cispo",
-    "training.loss_params.eps_high=4.0", "training.advantage=gae", "training.asyppo={}", "training.critic.warmup_steps=1",
-    'training.attention_credit={"scaling":"coupled","window":3,"fai_h_lo":1,"fai_h_hi":6}', "eval_before_after=false",
-]
+STEPS = ALGORITHMS_STEPS
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("runs")
-    run_id = "algorithms-test"
-    # A torch.distributed launcher variable pointing at a taken port must not reach the roles (the trainer would
-    # try to bind it): the launcher strips them.
-    saved = os.environ.get("MASTER_PORT")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        os.environ["MASTER_PORT"] = str(busy.getsockname()[1])
-        try:
-            run_embedded(ROOT / "configs/smoke.yaml", runs, run_id, OVERRIDES)
-        finally:
-            if saved is None:
-                os.environ.pop("MASTER_PORT", None)
-            else:
-                os.environ["MASTER_PORT"] = saved
-    run_dir = runs / run_id
-    return run_dir
+@pytest.fixture
+def finished_run(algorithms_run: Path) -> Path:
+    """The run folder (tests/integration/conftest.py: run once per session, beside the smoke run)."""
+    return algorithms_run
 
 
 def test_metrics_of_every_algorithm_are_logged(finished_run):
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{finished_run.parent / 'mlflow.db'}")
-    run = client.search_runs([client.get_experiment_by_name("asyncrl").experiment_id])[0]
+    run = mlflow_run(finished_run.parent, ALGORITHMS_RUN_ID)
     assert run.info.status == "FINISHED"
     assert run.data.params["training.loss"] == "cispo" and run.data.params["training.asyppo.num_critics"] == "2"
     every_step = ("critic/loss", "critic/loss_0", "critic/loss_1", "critic/explained_variance",

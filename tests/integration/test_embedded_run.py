@@ -22,22 +22,19 @@ from asyncrl.storage.groups import GroupReader
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
 from asyncrl.weights.buckets import checksums_match
-from tests.helpers.subprocess_runs import run_embedded
+from tests.integration.conftest import SMOKE_OVERRIDES, SMOKE_RUN_ID, mlflow_run
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-OVERRIDES = ["generation.num_servers=1"]
+OVERRIDES = SMOKE_OVERRIDES
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("runs")
-    run_id = "smoke-test"
-    stdout = run_embedded(ROOT / "configs/smoke.yaml", runs, run_id, OVERRIDES)
-    run_dir = runs / run_id
-    return run_dir, stdout
+@pytest.fixture
+def finished_run(smoke_run: tuple[Path, str]) -> tuple[Path, str]:
+    """(run folder, stdout) (tests/integration/conftest.py: run once per session, beside the algorithms run)."""
+    return smoke_run
 
 
 def test_summary_and_progress(finished_run):
@@ -88,9 +85,7 @@ def test_mlflow_has_step_metrics(finished_run):
     run_dir, _ = finished_run
     cfg = load_config(ROOT / "configs/smoke.yaml", OVERRIDES)
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir.parent / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name(cfg.tracking.experiment).experiment_id])
-    assert len(runs) == 1
-    run = runs[0]
+    run = mlflow_run(run_dir.parent, SMOKE_RUN_ID, cfg.tracking.experiment)
     assert run.info.status == "FINISHED"
     for name in ("reward/mean", "reward/accuracy", "train/loss", "train/clip_fraction", "staleness/mean",
                  "staleness/max", "throughput/samples_per_s", "time/wait_s", "time/train_s", "time/sync_s"):

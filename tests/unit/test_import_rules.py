@@ -25,6 +25,8 @@ LONG_FILES: dict[str, str] = {
 ONLY: dict[str, set[str]] = {
     "asyncrl.rollout": {"asyncrl.types"},
     "asyncrl.sim": {"asyncrl.rollout", "asyncrl.types"},
+    # `asyncrl compare` reads MLflow only: it never needs a run's processes, storage or roles
+    "asyncrl.compare": {"asyncrl.tracking", "asyncrl.secret_names"},
     "asyncrl.envs": {"asyncrl.plugins", "asyncrl.rpc", "asyncrl.sandbox", "asyncrl.secret_names", "asyncrl.storage"},
 }
 # The training package computes; only roles wire it to transport (S3, weight sync).
