@@ -8,7 +8,9 @@ Both the embedded launcher (`asyncrl run`) and the pipeline's `setup` step call 
   resolved (embedded: `asyncrl.tiny_model.prepare`), or, for a run whose roles run elsewhere, `model.path` as given
   or the built-in tiny model built here and uploaded under the run's `model/` (written once: a retry keeps it);
 - the MLflow run is created (or joined: `join_run_id`, the run KFP injects as `MLFLOW_RUN_ID`) with the
-  configuration as parameters and the tags `asyncrl.run_url`, `asyncrl.mode` plus the caller's, and recorded in
+  configuration as parameters, the tags `asyncrl.run_url`, `asyncrl.mode`, the lineage tags (git commit, config
+  digest: `asyncrl.run.lineage`) plus the caller's, and the task's train and eval splits as dataset inputs; it is
+  recorded in
   `tracking.json`; a retried creation reuses the run `tracking.json` names. No secret is ever a parameter or tag:
   the configuration holds none (credentials and tokens come from the environment only).
 `check_cluster_config` holds what a run on a cluster needs beyond a valid configuration.
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import ConfigError, RunConfig
 from asyncrl.models.folder import SOURCE_BUILT, SOURCE_PATH, model_document
+from asyncrl.run.lineage import lineage_tags, log_dataset_inputs
 from asyncrl.storage.run_layout import RunPaths, run_url
 from asyncrl.storage.s3 import ObjectExists, S3Store
 
@@ -110,7 +113,7 @@ def open_tracking(store: S3Store, paths: RunPaths, cfg: RunConfig, tracking_uri:
         return Tracker(MlflowClient(tracking_uri=uri), str(existing["mlflow_run_id"]), uri)
     params = flatten_params(cfg.model_dump(mode="json"))
     all_tags = {"asyncrl.run_url": run_url(cfg.storage.bucket, cfg.storage.prefix, cfg.run_id),
-                "asyncrl.mode": mode, **(tags or {})}
+                "asyncrl.mode": mode, **lineage_tags(cfg), **(tags or {})}
     if join_run_id:  # KFP made the run: log into it
         tracker = Tracker.attach(tracking_uri, join_run_id)
         tracker.log_params(params)
@@ -118,6 +121,7 @@ def open_tracking(store: S3Store, paths: RunPaths, cfg: RunConfig, tracking_uri:
             tracker.client.set_tag(tracker.run_id, k, v)
     else:
         tracker = Tracker.create(tracking_uri, cfg.tracking.experiment, cfg.run_id, params=params, tags=all_tags)
+    log_dataset_inputs(tracker.client, tracker.run_id, cfg)
     store.put_json(paths.tracking(), {"tracking_uri": tracking_uri, "mlflow_run_id": tracker.run_id})
     return tracker
 
