@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from asyncrl.roles.system_metrics import SystemSampler
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
 
@@ -84,6 +85,7 @@ class Heartbeat:
         self._lock = threading.Lock()  # one write at a time: the final state must be the last document
         self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{role}-{role_id}", daemon=True)
         self._final = False
+        self.system = SystemSampler()  # the role's CPU, memory, GPU: `system` of each beat
 
     def __enter__(self) -> Heartbeat:
         self.start()
@@ -105,7 +107,8 @@ class Heartbeat:
                 return
             self.seq += 1
             doc: dict[str, Any] = {"role": self.role, "id": self.role_id, "seq": self.seq, "state": state,
-                                   "pid": os.getpid(), "time": time.time(), "metrics": dict(self.metrics)}
+                                   "pid": os.getpid(), "time": time.time(), "metrics": dict(self.metrics),
+                                   "system": self.system.sample()}
             if error:
                 doc["error"] = error[:2000]
             try:

@@ -106,6 +106,10 @@ def test_mlflow_has_step_metrics(finished_run):
     assert admitted[-1].value >= cfg.training.steps * cfg.rollout.prompts_per_step - cfg.rollout.prompts_per_step
     busy = client.get_metric_history(run.info.run_id, "rollout/env0/server0/busy_fraction")
     assert busy and all(0.0 <= m.value <= 1.0 for m in busy)
+    for role in ("generation/0", "training/0", "environment/env0", "reward/0"):  # each role's system figures
+        rss = client.get_metric_history(run.info.run_id, f"system/{role}/memory_rss_mb")
+        assert rss and all(m.value > 10 for m in rss), role
+        assert client.get_metric_history(run.info.run_id, f"system/{role}/cpu_cores"), role
     assert run.data.params["rollout.async_ratio"] == str(cfg.rollout.async_ratio)
 
 

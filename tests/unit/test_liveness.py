@@ -52,3 +52,38 @@ def test_heartbeat_metrics_name_role_and_instance_and_skip_the_trainer_and_junk(
         "generation/1/tokens_generated": 80.0,
         "reward/0/scored": 16.0,
     }
+
+
+def test_system_figures_of_every_role_the_trainer_included() -> None:
+    docs = [
+        {"role": "generation", "id": "0", "metrics": {"busy_s": 1.5}, "system": {"cpu_cores": 0.75, "threads": 12}},
+        {"role": "training", "id": "0", "metrics": {"step": 3}, "system": {"memory_rss_mb": 900.5, "x": "text"}},
+        {"role": "reward", "id": "0", "system": "not a dict"},
+    ]
+    assert heartbeat_metrics(docs) == {
+        "generation/0/busy_s": 1.5,
+        "system/generation/0/cpu_cores": 0.75,
+        "system/generation/0/threads": 12.0,
+        "system/training/0/memory_rss_mb": 900.5,
+    }
+
+
+def test_system_sampler_measures_this_process_tree() -> None:
+    import subprocess
+    import sys
+    import time
+
+    from asyncrl.roles.system_metrics import SystemSampler
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<30: pass"])
+    try:
+        sampler = SystemSampler()
+        time.sleep(1.0)
+        busy = sampler.sample()  # the spinning child is part of the tree: its CPU counts
+    finally:
+        child.kill()
+        child.wait()
+    assert set(busy) >= {"cpu_cores", "memory_rss_mb", "threads", "system_memory_percent"}
+    assert busy["cpu_cores"] > 0.05
+    assert busy["memory_rss_mb"] > 10 and busy["threads"] >= 1 and 0 < busy["system_memory_percent"] <= 100
+    assert not any(k.startswith("gpu_") for k in busy)  # no NVIDIA library on this machine

@@ -1,0 +1,99 @@
+"""A role's system figures (CPU, memory, GPU), sampled at each heartbeat and logged as MLflow system metrics.
+
+`SystemSampler.sample()` measures this role's process tree (the role and its children: vLLM's engine core, the
+torchrun workers): CPU use in cores since the previous sample, resident memory, thread count, and the machine's
+memory in use; with NVIDIA's management library present (`pynvml`, in the CUDA images), each visible GPU's
+utilisation and memory. The heartbeat carries them under `system` (`asyncrl.roles.liveness.Heartbeat`); the trainer
+logs every role's as `system/<role>/<id>/<name>` (`asyncrl.roles.role_metrics`), the names MLflow shows in a run's
+"System metrics" tab, so each role's load is browsable per run and comparable across runs.
+
+Invariants: a sample never raises (a process that vanished between listing and reading is skipped; no psutil or
+no GPU library means fewer figures); values are finite floats; the first sample's CPU figure covers the time since
+the sampler was made.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class SystemSampler:
+    def __init__(self, pid: int | None = None) -> None:
+        self.pid = pid or os.getpid()
+        self._last_cpu: float | None = None
+        self._last_t = time.monotonic()
+        self._nvml: Any = None
+        try:
+            import pynvml  # the CUDA images have it; CPU machines do not
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+        except Exception:  # noqa: BLE001 - no NVIDIA library or no driver: no GPU figures
+            self._nvml = None
+        self._last_cpu = self._tree_cpu_s()
+
+    def _tree(self) -> list[Any]:
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def _tree_cpu_s(self) -> float | None:
+        import psutil
+
+        total, seen = 0.0, False
+        for p in self._tree():
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+                seen = True
+            except psutil.Error:
+                continue
+        return total if seen else None
+
+    def sample(self) -> dict[str, float]:
+        try:
+            return self._sample()
+        except Exception as err:  # noqa: BLE001 - figures are never worth a role
+            log.debug("system metrics: sample failed: %s", err)
+            return {}
+
+    def _sample(self) -> dict[str, float]:
+        import psutil
+
+        out: dict[str, float] = {}
+        now, cpu = time.monotonic(), self._tree_cpu_s()
+        if cpu is not None and self._last_cpu is not None and now > self._last_t:
+            out["cpu_cores"] = max(0.0, (cpu - self._last_cpu) / (now - self._last_t))
+        self._last_cpu, self._last_t = cpu, now
+        rss = threads = 0
+        for p in self._tree():
+            try:
+                rss += p.memory_info().rss
+                threads += p.num_threads()
+            except psutil.Error:
+                continue
+        out["memory_rss_mb"] = rss / 2**20
+        out["threads"] = float(threads)
+        out["system_memory_percent"] = float(psutil.virtual_memory().percent)
+        if self._nvml is not None:
+            out.update(self._gpus())
+        return out
+
+    def _gpus(self) -> dict[str, float]:
+        nv, out = self._nvml, {}
+        for i in range(nv.nvmlDeviceGetCount()):
+            handle = nv.nvmlDeviceGetHandleByIndex(i)
+            util = nv.nvmlDeviceGetUtilizationRates(handle)
+            mem = nv.nvmlDeviceGetMemoryInfo(handle)
+            out[f"gpu_{i}_utilization_percent"] = float(util.gpu)
+            out[f"gpu_{i}_memory_used_mb"] = mem.used / 2**20
+        return out
