@@ -35,7 +35,7 @@ def run_variant(name: str, overrides: list[str], args: argparse.Namespace, runs_
     run_id = f"bench-{stamp}-{name}"  # one stamp per invocation: `mlflow_filter` in the JSON selects its runs
     cmd = [sys.executable, "-m", "asyncrl.cli", "run", args.config, "--set", f"runs_dir={runs_dir}",
            "--set", f"run_id={run_id}", "--set", f"training.steps={args.steps}", "--set", "eval_before_after=false",
-           "--set", f"tracking.experiment={args.experiment}"]
+           "--set", f"tracking.experiment={args.experiment}", "--set", f"eval.every_steps={args.eval_every}"]
     for o in overrides:
         cmd += ["--set", o]
     print(f"[{name}] {' '.join(overrides)}", flush=True)
@@ -55,6 +55,8 @@ def main() -> None:
     p.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]")
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/async_vs_sync.json"))
     p.add_argument("--runs-dir", default=str(ROOT / "runs/bench"))
+    p.add_argument("--eval-every", type=int, default=4, help="eval.every_steps of every variant: held-out curves "
+                   "that `make compare` draws (the same cost in every variant)")
     p.add_argument("--experiment", default="async_vs_sync",
                    help="the MLflow experiment of its runs (`make compare` plots the last invocation's)")
     args = p.parse_args()

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-METRICS = ["reward/mean", "reward/accuracy", "time/step_s", "staleness/mean"]
+METRICS = ["reward/mean", "reward/accuracy", "eval/accuracy", "time/step_s", "staleness/mean"]
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from asyncrl.compare.table import X_AXES
 
-DEFAULT_METRICS = ["reward/mean", "reward/accuracy"]
+DEFAULT_METRICS = ["reward/mean", "reward/accuracy", "eval/accuracy"]
 
 
 def add_parser(sub: Any) -> None:

@@ -439,6 +439,16 @@ class NetworkConfig(_Section):
                                "the libraries' own choice.")
 
 
+class EvalConfig(_Section):
+    """Held-out evaluation during training, through the running generation servers, logged as `eval/*` curves."""
+
+    every_steps: int = Field(0, ge=0, description="Evaluate the servers' weights every this many versions (0: off); "
+                             "the first point is the warm start (version 0). Done by the first environment writer, "
+                             "in embedded and cluster runs alike; its requests are never training samples.")
+    attempts: int = Field(3, ge=1, le=10, description="Evaluations re-run when a request's tokens span a weight "
+                          "update (mixed versions) before the point is logged with `eval/mixed_requests` > 0.")
+
+
 class RunConfig(_Section):
     name: str = Field("asyncrl", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
     run_id: str = Field("", pattern=r"^[A-Za-z0-9._-]*$", description="Empty: generated at launch.")
@@ -454,6 +464,7 @@ class RunConfig(_Section):
     timeouts: TimeoutsConfig = TimeoutsConfig()
     network: NetworkConfig = NetworkConfig()
     env: EnvConfig | None = Field(None, description="Agentic multi-turn task; replaces `task` when set.")
+    eval: EvalConfig = EvalConfig()
     eval_before_after: bool = Field(True, description="Greedy accuracy on the eval split before and after training.")
 
     @model_validator(mode="after")

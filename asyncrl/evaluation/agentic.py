@@ -37,7 +37,7 @@ async def evaluate_agentic(server_urls: list[str], cfg: RunConfig, tokenizer: An
         async with httpx.AsyncClient() as client:
             gens = [GenerationClient(u, client, timeout_s, token=token) for u in server_urls]
 
-            async def one(seed: int) -> tuple[bool, int, int]:
+            async def one(seed: int) -> tuple[bool, int, int, bool]:
                 async with sem:
                     handle = await executor.open(env.name, env.params)
                     try:
@@ -57,23 +57,29 @@ async def evaluate_agentic(server_urls: list[str], cfg: RunConfig, tokenizer: An
                                 tokenizer.decode(traj.current_turn_ids(), skip_special_tokens=True))
                             between = chat.between_turns_ids(traj.current_turn_ids(), result.observation)
                             if result.done or len(traj.context_ids) + len(between) + 1 > max_len:
-                                return bool(result.info.get("success", False)), turn + 1, _last_version(traj)
+                                return bool(result.info.get("success", False)), turn + 1, _last_version(traj), \
+                                    _mixed(traj)
                             traj.end_turn(result.reward, between)
-                        return False, traj.num_turns, _last_version(traj)
+                        return False, traj.num_turns, _last_version(traj), _mixed(traj)
                     except EnvFault as fault:
                         faults.append(f"level {seed}: {fault.kind}: {fault}")
-                        return False, 0, -1
+                        return False, 0, -1, False
                     finally:
                         await handle.close()
 
             results = await asyncio.gather(*(one(seed) for seed in range(env.num_eval)))
     finally:
         await executor.aclose()
-    wins = sum(ok for ok, _, _ in results)
+    wins = sum(ok for ok, _, _, _ in results)
     return {"accuracy": wins / env.num_eval, "correct": wins, "n": env.num_eval,
-            "mean_turns": sum(t for _, t, _ in results) / env.num_eval, "faults": faults,
-            "versions": sorted({v for _, _, v in results if v >= 0})}
+            "mean_turns": sum(t for _, t, _, _ in results) / env.num_eval, "faults": faults,
+            "versions": sorted({v for _, _, v, _ in results if v >= 0}), "mixed": sum(m for *_, m in results)}
 
 
 def _last_version(traj: MultiTurnTrajectory) -> int:
     return traj.versions[-1] if traj.versions else (traj.start_version or 0)
+
+
+def _mixed(traj: MultiTurnTrajectory) -> bool:
+    """Whether the episode's generated tokens came from more than one weight version."""
+    return len(set(traj.versions)) > 1

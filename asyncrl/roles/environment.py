@@ -11,7 +11,9 @@ servers, and writes the kept groups to S3 as Parquet objects (`groups/<writer>/<
 finish together share one object). It follows the trainer through `versions/latest.json` (version, and how many of
 this writer's groups it trained and read). With `partial_rollout: resubmit` a request aborted for a weight update
 is re-sent with its partial tokens appended. Every `stats_interval_s` it writes its rollout metrics (aborts, drops,
-in-flight, per-server busy fraction and tokens/s) to `stats/<writer>.json` for the trainer to log. Stops when the
+in-flight, per-server busy fraction and tokens/s) to `stats/<writer>.json` for the trainer to log. The first
+writer also evaluates the servers' weights on the held-out split every `eval.every_steps` versions
+(`asyncrl.roles.periodic_eval`). Stops when the
 run's `done` marker appears, or when the trainer failed or is gone.
 
 Run: `python -m asyncrl.roles.environment --run-url s3://bucket/prefix/run_id --id env0`.
@@ -24,6 +26,7 @@ import gc
 
 import httpx
 
+from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.rewards.client import RewardClient
 from asyncrl.roles.agentic import EpisodeKind
 from asyncrl.roles.context import (
@@ -36,8 +39,11 @@ from asyncrl.roles.context import (
 )
 from asyncrl.roles.generation_servers import GenerationServers
 from asyncrl.roles.liveness import RunOver
+from asyncrl.roles.periodic_eval import PeriodicEval
 from asyncrl.roles.rollout_driver import RolloutDriver
 from asyncrl.roles.single_turn import SingleTurnKind
+
+FIRST_WRITER = "env0"  # the writer that runs the periodic held-out evaluation (`eval.every_steps`)
 
 
 async def run_environment(ctx: RoleContext) -> None:
@@ -52,10 +58,22 @@ async def run_environment(ctx: RoleContext) -> None:
                               attempts=cfg.rollout.reward_attempts)
         kind = EpisodeKind if cfg.env is not None else SingleTurnKind
         driver = RolloutDriver(ctx, gens, reward, kind)
+        evaluator = None
+        if cfg.eval.every_steps and ctx.role_id == FIRST_WRITER:  # held-out curves: one writer evaluates
+            evaluator = PeriodicEval(ctx, [base_url(d) for d in gen_docs], load_tokenizer(ctx.model_folder()))
         # the start-up's objects (imports, tokenizer, datasets: ~500k) out of the cyclic collector's reach: with
         # thousands of samples in flight, full collections walking them took 18-42% of this process's CPU
         gc.freeze()
-        await driver.run()
+        evaluating = None
+        if evaluator is not None:
+            await evaluator.point(0)  # the warm start, before any rollout (the trainer cannot step before)
+            evaluating = asyncio.create_task(evaluator.run())
+        try:
+            await driver.run()
+        finally:
+            if evaluating is not None:
+                evaluating.cancel()
+                await asyncio.gather(evaluating, return_exceptions=True)
 
 
 async def run_until_over(ctx: RoleContext) -> RunOver | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.roles.context import RoleContext
+from asyncrl.roles.periodic_eval import eval_points
 from asyncrl.roles.role_metrics import read_role_metrics
 from asyncrl.roles.step_reporter import StepReporter
 from asyncrl.roles.weight_group import WeightGroup
@@ -101,6 +102,7 @@ class TrainingReport:
         self.last_metrics: dict[str, float] = {}
         self.first_step = 0
         self.reporter: StepReporter | None = None
+        self.eval_seen: set[int] = set()  # the evaluation points already handed to the reporter
 
     def start(self) -> None:
         """Start the reporting thread (MLflow and the other roles' figures)."""
@@ -175,6 +177,9 @@ class TrainingReport:
     def external_metrics(self) -> dict[str, float]:
         """The other roles' figures: the writers' rollout stats and every role's heartbeat metrics (S3 reads: the
         step reporter's thread calls this, never the step)."""
+        if self.cfg.eval.every_steps and self.reporter is not None:  # held-out points, each at its own step
+            for metrics, version in eval_points(self.ctx.store, self.ctx.paths, self.eval_seen):
+                self.reporter.submit(metrics, version)
         return {**self.rollout_metrics(), **read_role_metrics(self.ctx.store, self.ctx.paths)}
 
     def rollout_metrics(self) -> dict[str, float]:

@@ -20,7 +20,7 @@ from tests.helpers.subprocess_runs import run_embedded
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE_RUN_ID = "smoke-test"
-SMOKE_OVERRIDES = ["generation.num_servers=1"]
+SMOKE_OVERRIDES = ["generation.num_servers=1", "eval.every_steps=1"]  # held-out curve: every version
 ALGORITHMS_RUN_ID = "algorithms-test"
 ALGORITHMS_STEPS = 3
 ALGORITHMS_OVERRIDES = [

@@ -106,6 +106,11 @@ def test_mlflow_has_step_metrics(finished_run):
     assert admitted[-1].value >= cfg.training.steps * cfg.rollout.prompts_per_step - cfg.rollout.prompts_per_step
     busy = client.get_metric_history(run.info.run_id, "rollout/env0/server0/busy_fraction")
     assert busy and all(0.0 <= m.value <= 1.0 for m in busy)
+    evals = sorted(client.get_metric_history(run.info.run_id, "eval/accuracy"), key=lambda m: m.step)
+    assert evals and evals[0].step == 0  # the warm start first, then points at the versions that generated them
+    assert len({m.step for m in evals}) == len(evals) and all(0 <= m.step <= cfg.training.steps for m in evals)
+    assert all(0.0 <= m.value <= 1.0 for m in evals)
+    assert all(m.value == cfg.task.num_eval for m in client.get_metric_history(run.info.run_id, "eval/n"))
     for role in ("generation/0", "training/0", "environment/env0", "reward/0"):  # each role's system figures
         rss = client.get_metric_history(run.info.run_id, f"system/{role}/memory_rss_mb")
         assert rss and all(m.value > 10 for m in rss), role
