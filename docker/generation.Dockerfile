@@ -2,7 +2,7 @@
 # Build from the repository root:  docker build -f docker/generation.Dockerfile -t asyncrl-generation:TAG .
 
 # ---- stage 1: build the asyncrl wheel (pure Python, py3-none-any) -----------------------------------------
-FROM python:3.11.14-slim-bookworm AS wheel
+FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d AS wheel
 WORKDIR /src
 RUN python -m pip install --no-cache-dir setuptools==84.2.1 wheel==0.48.0
 COPY pyproject.toml README.md ./

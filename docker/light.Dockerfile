@@ -4,7 +4,7 @@
 # Default role: environment. Reward:  docker run --entrypoint asyncrl-task asyncrl-light:TAG asyncrl.roles.reward ...
 
 # ---- stage 1: a virtualenv with the CPU torch build and the pinned set -------------------------------------
-FROM python:3.11.14-slim-bookworm AS build
+FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 RUN python -m venv /opt/venv
@@ -23,7 +23,7 @@ RUN pip install --no-deps --no-build-isolation /src \
     && python -c "import torch, asyncrl.roles.environment, asyncrl.roles.reward, asyncrl.cluster.setup, asyncrl.tiny_model.build; assert '+cpu' in torch.__version__"
 
 # ---- stage 2: the runtime ------------------------------------------------------------------------------------
-FROM python:3.11.14-slim-bookworm
+FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
 COPY --from=build /opt/venv /opt/venv
 COPY --chmod=0755 docker/healthcheck.py /usr/local/bin/asyncrl-healthcheck
 # The one entrypoint of every image and pipeline task (asyncrl/task_entrypoint.py): the wheel's console script in

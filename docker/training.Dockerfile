@@ -3,7 +3,7 @@
 # Multi-GPU in one pod: override the entrypoint with torchrun (see docker/README.md).
 
 # ---- stage 1: a virtualenv with everything, built once -----------------------------------------------------
-FROM python:3.11.14-slim-bookworm AS build
+FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     DS_BUILD_OPS=0
@@ -24,7 +24,7 @@ RUN pip install --no-deps --no-build-isolation /src \
     && python -c "import torch, deepspeed, mlflow, asyncrl.roles.training; assert torch.__version__ == '2.13.0', torch.__version__"
 
 # ---- stage 2: the runtime: the same Python, the virtualenv, no build inputs ---------------------------------
-FROM python:3.11.14-slim-bookworm
+FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
 COPY --from=build /opt/venv /opt/venv
 # The one entrypoint of every image and pipeline task (asyncrl/task_entrypoint.py): the wheel's console script in
 # /opt/venv/bin, on PATH; torchrun is its module torch.distributed.run. Checked at build time.
