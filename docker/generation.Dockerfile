@@ -2,7 +2,7 @@
 # Build from the repository root:  docker build -f docker/generation.Dockerfile -t asyncrl-generation:TAG .
 
 # ---- stage 1: build the asyncrl wheel (pure Python, py3-none-any) -----------------------------------------
-FROM python:3.11.14-slim-bookworm AS wheel
+FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d AS wheel
 WORKDIR /src
 RUN python -m pip install --no-cache-dir setuptools==84.2.1 wheel==0.48.0
 COPY pyproject.toml README.md ./
@@ -24,7 +24,10 @@ RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-cache-dir --no-deps 
 
 COPY --chmod=0755 docker/healthcheck.py /usr/local/bin/asyncrl-healthcheck
 
-RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin asyncrl
+# The one entrypoint of every image and pipeline task (asyncrl/task_entrypoint.py): a console script of the wheel,
+# whose shebang is the interpreter pip ran under (python3 here); checked on PATH at build time.
+RUN asyncrl-task --check asyncrl.roles.generation \
+    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin asyncrl
 USER 10001:10001
 WORKDIR /home/asyncrl
 
@@ -44,5 +47,5 @@ HEALTHCHECK --interval=30s --timeout=10s --start-period=600s --retries=3 CMD ["p
 # The git revision the image was built from (make images passes it); setup tags the MLflow run with it.
 ARG GIT_REVISION=unknown
 ENV ASYNCRL_GIT_REVISION=$GIT_REVISION
-ENTRYPOINT ["python3", "-m", "asyncrl.roles.generation"]
+ENTRYPOINT ["asyncrl-task", "asyncrl.roles.generation"]
 CMD ["--help"]

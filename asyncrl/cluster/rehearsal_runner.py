@@ -13,8 +13,10 @@ Output parameters: when a task exits 0, each output parameter its component decl
 container wrote (`workdir/kfp_outputs/<task key>/<name>`; a missing file fails the task, as the KFP launcher does),
 and every task that reads it is resolved again before it starts. The setup task's output `run_id` is the run the
 rehearsal then watches (its `done` marker) and reports: the KFP run id, or the resumed run's with `resume_run_id`.
-A leading `python`/`python3` becomes this interpreter and `torchrun` `python -m torch.distributed.run` (the images'
-interpreter is this venv here).
+The images' entrypoint `asyncrl-task MODULE ...` (asyncrl/task_entrypoint.py, a console script in the images) runs
+as `python -m asyncrl.task_entrypoint MODULE ...` with this interpreter, which then execs `python -m MODULE ...` as
+in a pod; a leading `python`/`python3` becomes this interpreter and `torchrun` `python -m torch.distributed.run` (the
+images' interpreter is this venv here).
 
 Invariants: on any failure or timeout every process is killed and `RehearsalFailed` names the task, with the tail
 of every task's log; no process started here outlives `rehearse` (try/finally, process groups killed).
@@ -63,6 +65,7 @@ NOT_INHERITED = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKE
                  "TORCHELASTIC_RUN_ID", "ASYNCRL_ROLE_TOKEN")
 MAX_SHOWN_ARG = 160
 CODE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding the asyncrl package this process imported
+TASK_ENTRYPOINT = "asyncrl-task"  # pyproject.toml [project.scripts]; the components' command
 RUN_ID_OUTPUT = "run_id"  # the output naming the run the roles drive (asyncrl/cluster/pipeline/components.py setup)
 
 
@@ -88,11 +91,14 @@ class RehearsalResult:
 
 
 def local_argv(command: Sequence[str], python: str = sys.executable) -> list[str]:
-    """The local equivalent of a container command: `python`/`python3` → this interpreter, `torchrun` →
+    """The local equivalent of a container command: `asyncrl-task` → `python -m asyncrl.task_entrypoint` (the
+    images' console script, run by this interpreter), `python`/`python3` → this interpreter, `torchrun` →
     `python -m torch.distributed.run`; anything else unchanged."""
     if not command:
         raise ValueError("command: expected a non-empty container command")
     head, rest = command[0], list(command[1:])
+    if head == TASK_ENTRYPOINT:
+        return [python, "-m", "asyncrl.task_entrypoint", *rest]
     if head in ("python", "python3"):
         return [python, *rest]
     if head == "torchrun":

@@ -88,7 +88,7 @@ def test_every_role_task_has_the_cluster_settings(docs):
     images = {pipeline["deploymentSpec"]["executors"][e]["container"]["image"] for e in role_execs}
     assert all(i.startswith("{{$.inputs.parameters[") for i in images)  # from the image parameters
     trainer = pipeline["deploymentSpec"]["executors"]["exec-training-role"]["container"]
-    assert trainer["command"] == ["torchrun"] and "asyncrl.roles.training" in trainer["args"]
+    assert trainer["command"] == ["asyncrl-task", "torch.distributed.run"] and "asyncrl.roles.training" in trainer["args"]
     assert trainer["args"][trainer["args"].index("--nproc-per-node") + 1] == "{{$.inputs.parameters['processes']}}"
 
 

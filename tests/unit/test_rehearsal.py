@@ -46,9 +46,10 @@ def _tasks(compiled, setup_run_id=RUN, defer=False, **overrides):
 
 
 def _after_module(argv, module):
-    """What follows `-m <module>` (the role's own arguments, whatever launches it: python or torchrun)."""
+    """What follows the role's module (its own arguments, whatever launches it: `asyncrl-task MODULE` or
+    `asyncrl-task torch.distributed.run ... -m MODULE`)."""
     i = argv.index(module)
-    assert argv[i - 1] == "-m" and argv[0] in ("python", "python3", "torchrun"), argv
+    assert argv[0] == "asyncrl-task" and (i == 1 or argv[i - 1] == "-m"), argv
     return argv[i + 1:]
 
 
@@ -80,8 +81,8 @@ def test_every_task_found_with_the_loop_expanded(compiled):
 def test_setup_arguments_and_no_placeholder_left(compiled):
     tasks = _tasks(compiled, overrides=["cache_dir=/c", "training.micro_batch_size=16"], mlflow_uri="sqlite:///m.db")
     args = tasks["setup"].argv
-    assert args[:3] == ["python", "-m", "asyncrl.cluster.setup"]
-    pairs = dict(zip(args[3::2], args[4::2], strict=False))
+    assert args[:2] == ["asyncrl-task", "asyncrl.cluster.setup"]
+    pairs = dict(zip(args[2::2], args[3::2], strict=False))
     assert pairs["--run-id"] == RUN and pairs["--bucket"] == "asyncrl" and pairs["--prefix"] == "runs"
     assert pairs["--generation-ids-json"] == '["0","1"]' and pairs["--environment-ids-json"] == '["env0"]'
     assert pairs["--overrides-json"] == '["cache_dir=/c","training.micro_batch_size=16"]'
@@ -169,6 +170,8 @@ def test_param_text_and_local_argv():
     assert local_argv(["torchrun", "--standalone", "-m", "m"])[1:] == ["-m", "torch.distributed.run",
                                                                         "--standalone", "-m", "m"]
     assert local_argv(["sh", "-c", "true"]) == ["sh", "-c", "true"]
+    assert local_argv(["asyncrl-task", "asyncrl.roles.reward", "--id", "0"], python="/venv/bin/python") == [
+        "/venv/bin/python", "-m", "asyncrl.task_entrypoint", "asyncrl.roles.reward", "--id", "0"]
 
 
 def test_roles_take_the_run_id_from_setups_output_and_resume_reaches_setup(compiled):
@@ -179,8 +182,8 @@ def test_roles_take_the_run_id_from_setups_output_and_resume_reaches_setup(compi
         assert _after_module(tasks[name].argv, f"asyncrl.roles.{module}") == [
             "--run-url", "s3://asyncrl/runs/old-run-7", "--id", role_id, "--host", "0.0.0.0"], name
         assert tasks[name].pending == () and tasks[name].inputs["run_id"] == "old-run-7", name
-    args = tasks["setup"].argv
-    pairs = dict(zip(args[3::2], args[4::2], strict=False))
+    args = tasks["setup"].args
+    pairs = dict(zip(args[0::2], args[1::2], strict=False))
     assert pairs["--run-id"] == RUN and pairs["--resume-run-id"] == "old-run-7"
     assert pairs["--run-id-output"] == f"/work/out/{SETUP_KEY}/run_id"
     assert tasks["setup"].outputs == {"run_id": "STRING"}

@@ -1,8 +1,10 @@
 """Container components: the setup step, one long-lived role, and the finalize exit step.
 
 Each is a thin container around an `asyncrl` entrypoint, the very command the embedded launcher runs
-(`python -m asyncrl.roles.<role> --run-url s3://bucket/prefix/<run id> --id <id>`). The run id is setup's output
-parameter `run_id`: the KFP run id for a new run, the resumed run's id with the pipeline parameter `resume_run_id`. Images are set per task by
+(`python -m asyncrl.roles.<role> --run-url s3://bucket/prefix/<run id> --id <id>`), started through the images' one
+entrypoint `asyncrl-task` (`asyncrl-task MODULE ARGS` = `python -m MODULE ARGS` with the interpreter asyncrl is
+installed in: `python3` in the vLLM image, the venv's `python` in the others; asyncrl/task_entrypoint.py).
+The run id is setup's output parameter `run_id`: the KFP run id for a new run, the resumed run's id with the pipeline parameter `resume_run_id`. Images are set per task by
 the pipeline (`set_container_image`, from pipeline parameters); the defaults below are only placeholders the
 pipeline always replaces. S3 credentials and endpoint come from the Kubernetes secret `asyncrl-s3` (see
 asyncrl/cluster/pipeline/definition.py), never from a parameter.
@@ -12,6 +14,7 @@ asyncrl/cluster/pipeline/definition.py), never from a parameter.
 from kfp import dsl
 
 PLACEHOLDER_IMAGE = "asyncrl-light:set-by-pipeline"
+TASK_ENTRYPOINT = "asyncrl-task"  # the console script every image installs with the asyncrl wheel
 
 
 def run_url_placeholder(bucket: str, prefix: str, run_id: str) -> dsl.ConcatPlaceholder:
@@ -31,7 +34,7 @@ def setup(bucket: str, prefix: str, config_yaml: str, overrides: list, tags: lis
     `run_id`: the run every role drives."""
     return dsl.ContainerSpec(
         image=PLACEHOLDER_IMAGE,
-        command=["python", "-m", "asyncrl.cluster.setup"],
+        command=[TASK_ENTRYPOINT, "asyncrl.cluster.setup"],
         args=["--bucket", bucket, "--prefix", prefix, "--run-id", dsl.PIPELINE_JOB_ID_PLACEHOLDER,
               "--config-yaml", config_yaml, "--model-path", model_path, "--env-name", env_name,
               "--generation-ids-json", generation_ids, "--environment-ids-json", environment_ids,
@@ -61,7 +64,7 @@ def role(module: str, bucket: str, prefix: str, run_id: str, role_id: str, gpus:
     inputs by the compiler (KFP's driver then fails the task), while a component argument is."""
     return dsl.ContainerSpec(
         image=PLACEHOLDER_IMAGE,
-        command=["python", "-m", module],
+        command=[TASK_ENTRYPOINT, module],
         args=["--run-url", run_url_placeholder(bucket, prefix, run_id), "--id", role_id, "--host", "0.0.0.0"],
     )
 
@@ -72,7 +75,7 @@ def training_role(bucket: str, prefix: str, run_id: str, processes: int):
     setup also wrote as `training.num_processes`); rank 0 leads (reads S3, pushes weights, logs, checkpoints)."""
     return dsl.ContainerSpec(
         image=PLACEHOLDER_IMAGE,
-        command=["torchrun"],
+        command=[TASK_ENTRYPOINT, "torch.distributed.run"],  # what the `torchrun` script runs
         args=["--standalone", "--nnodes", "1", "--nproc-per-node", processes, "-m", "asyncrl.roles.training",
               "--run-url", run_url_placeholder(bucket, prefix, run_id), "--id", "0", "--host", "0.0.0.0"],
     )
