@@ -64,6 +64,20 @@ def job_state(obj: dict[str, Any], engine: str) -> JobState:
     return JobState(ok in kinds, ok in kinds, conditions)
 
 
+def dropped_fields(sent: Any, stored: Any, path: str) -> list[str]:
+    """The paths of fields in `sent` that `stored` lacks (defaults the server added are not looked at)."""
+    if isinstance(sent, dict):
+        if not isinstance(stored, dict):
+            return [path]
+        return [m for k, v in sent.items() for m in (dropped_fields(v, stored[k], f"{path}.{k}") if k in stored
+                                                     else [f"{path}.{k}"])]
+    if isinstance(sent, list):
+        if not isinstance(stored, list) or len(stored) != len(sent):
+            return [path]
+        return [m for i, (a, b) in enumerate(zip(sent, stored, strict=True)) for m in dropped_fields(a, b, f"{path}[{i}]")]
+    return []
+
+
 def job_name(pod_uid: str) -> str:
     """One job per launcher pod: `asyncrl-training-<12 hex digits of the pod uid>`."""
     digits = "".join(c for c in pod_uid.lower() if c in "0123456789abcdef")[:12]
@@ -119,9 +133,16 @@ class Launcher:
         self.stopping = False
 
     def create(self, obj: dict[str, Any]) -> None:
-        self.api.create_namespaced_custom_object(self.group, self.version, self.namespace, self.plural, obj,
-                                                 _request_timeout=API_TIMEOUT_S)
+        """Create the job; LaunchError (after deleting it) when the API server dropped fields of its spec (a CRD
+        release older than the one the objects target prunes what its schema lacks, silently)."""
+        stored = self.api.create_namespaced_custom_object(self.group, self.version, self.namespace, self.plural, obj,
+                                                          _request_timeout=API_TIMEOUT_S)
         _say("created", kind=obj["kind"], name=self.name, namespace=self.namespace)
+        missing = dropped_fields(obj["spec"], (stored or {}).get("spec", {}), "spec")
+        if missing:
+            self.delete()
+            raise LaunchError(f"{obj['kind']} {self.name}: the cluster's {self.group} schema dropped {missing[:5]}: "
+                              f"its release predates the fields asyncrl sets (docs/multinode_training.md)")
 
     def delete(self) -> None:
         from kubernetes.client.rest import ApiException
@@ -203,26 +224,39 @@ def main(argv: list[str] | None = None) -> None:
     config.load_incluster_config()
     api = client.CustomObjectsApi()
     try:
-        engine = choose_engine(args.engine, served_engines(api))
+        served = served_engines(api)
+        candidates = [choose_engine(args.engine, served)]
     except (LaunchError, ApiException) as err:
         print(f"training_launcher: {err}", file=sys.stderr)
         sys.exit(2)
-    launcher = Launcher(api, engine, spec.namespace, spec.name, args.poll_s, args.api_grace_s)
+    if args.engine == "auto":  # the other engine too, should the first one's CRD be too old for the object
+        candidates += [e for e in served if e not in candidates]
+    current: list[Launcher] = []
 
     def stop(signum: int, _frame: Any) -> None:
-        launcher.stopping = True
         _say("stopping", signal=signal.Signals(signum).name, name=spec.name)
-        launcher.delete()
+        for one in current:
+            one.stopping = True
+            one.delete()
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    try:
-        launcher.create(build(spec, engine))
-    except ApiException as err:  # 403: the RBAC rules are missing; 409: this pod already created it
-        print(f"training_launcher: creating {engine} {spec.name} in {spec.namespace}: {err.status} {err.reason}: "
-              f"{err.body}", file=sys.stderr)
-        sys.exit(1)
+    for i, engine in enumerate(candidates):
+        launcher = Launcher(api, engine, spec.namespace, spec.name, args.poll_s, args.api_grace_s)
+        current[:] = [launcher]
+        try:
+            launcher.create(build(spec, engine))
+            break
+        except ApiException as err:  # 403: the RBAC rules are missing; 409: this pod already created it
+            print(f"training_launcher: creating {engine} {spec.name} in {spec.namespace}: {err.status} "
+                  f"{err.reason}: {err.body}", file=sys.stderr)
+            sys.exit(1)
+        except LaunchError as err:
+            if i + 1 == len(candidates):
+                print(f"training_launcher: {err}", file=sys.stderr)
+                sys.exit(1)
+            _say("engine refused the object", engine=engine, reason=str(err), next=candidates[i + 1])
     try:
         state = launcher.wait(args.timeout_s)
     except LaunchError as err:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kubernetes.client.rest import ApiException
 
 from asyncrl.cluster.pipeline import definition
 from asyncrl.cluster.pipeline_cli import DEFAULT_YAML
@@ -25,7 +26,14 @@ from asyncrl.cluster.training_job import (
     role_env,
     train_job,
 )
-from asyncrl.cluster.training_launcher import LaunchError, choose_engine, job_name, job_state
+from asyncrl.cluster.training_launcher import (
+    Launcher,
+    LaunchError,
+    choose_engine,
+    dropped_fields,
+    job_name,
+    job_state,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "s3://asyncrl/runs/run-1"
@@ -210,3 +218,45 @@ def test_rehearsal_takes_the_branch_training_nodes_selects(nodes: int) -> None:
     assert pairs["--nodes"] == "2" and pairs["--gpus-per-node"] == "4" and pairs["--run-url"] == "s3://asyncrl/runs/run-1"
     env = next(t.env for t in tasks if t.executor == "exec-training-job-launcher")
     assert env["ASYNCRL_POD_NAME"] and len(env["ASYNCRL_POD_UID"]) == 36 and "AWS_SECRET_ACCESS_KEY" not in env
+
+
+def test_fields_the_api_server_dropped_are_found() -> None:
+    sent = {"a": 1, "b": {"c": [{"d": 1}, {"e": 2}]}, "f": [1]}
+    assert dropped_fields(sent, {**sent, "x": "default"}, "spec") == []
+    assert dropped_fields(sent, {"a": 1, "b": {"c": [{"d": 1}, {}]}, "f": [1]}, "spec") == ["spec.b.c[1].e"]
+    assert dropped_fields(sent, {"b": {}}, "spec") == ["spec.a", "spec.b.c", "spec.f"]
+
+
+class _FaultyApi:
+    """Injected faults: the Kubernetes API answers with `errors` (one per call), then with `then`."""
+
+    def __init__(self, errors: list[Exception], then: dict | None = None) -> None:
+        self.errors, self.then = errors, then
+
+    def get_namespaced_custom_object(self, *args: object, **kwargs: object) -> dict:
+        if self.errors:
+            raise self.errors.pop(0)
+        if self.then is None:
+            raise ConnectionError("unreachable")
+        return self.then
+
+
+def _launcher(api: _FaultyApi, grace_s: float = 60.0) -> Launcher:
+    return Launcher(api, "pytorchjob", "asyncrl", "asyncrl-training-0123456789ab", poll_s=0.01, api_grace_s=grace_s)
+
+
+def test_wait_rides_out_api_errors_then_reads_the_end() -> None:
+    failed = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "PodFailed", "message": "x"}]}}
+    state = _launcher(_FaultyApi([ConnectionError("blip"), TimeoutError("slow")], failed)).wait(30)
+    assert state.done and not state.succeeded and "Failed (PodFailed): x" in state.summary
+
+
+def test_wait_gives_up_on_an_unreachable_api_and_on_its_deadline() -> None:
+    with pytest.raises(LaunchError, match="did not answer for 0 s"):
+        _launcher(_FaultyApi([]), grace_s=0.05).wait(30)
+    running = {"status": {"conditions": [{"type": "Running", "status": "True"}]}}
+    with pytest.raises(LaunchError, match="not finished after --timeout-s 0"):
+        _launcher(_FaultyApi([], running)).wait(0.05)
+    gone = ApiException(status=404, reason="Not Found")
+    with pytest.raises(LaunchError, match="deleted by someone else"):
+        _launcher(_FaultyApi([gone])).wait(30)
