@@ -221,7 +221,13 @@ def main(argv: list[str] | None = None) -> None:
     from kubernetes import client, config
     from kubernetes.client.rest import ApiException
 
-    config.load_incluster_config()
+    try:
+        config.load_incluster_config()
+    except config.ConfigException as err:
+        print(f"training_launcher: expected to run in a Kubernetes pod with its service account token (the "
+              f"pipeline's training task; a local rehearsal has no cluster to create the job on): {err}",
+              file=sys.stderr)
+        sys.exit(2)
     api = client.CustomObjectsApi()
     try:
         served = served_engines(api)

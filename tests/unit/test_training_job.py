@@ -168,6 +168,10 @@ def test_launcher_without_its_pod_identity_fails_clearly() -> None:
                           cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2 and "ASYNCRL_POD_NAME: expected the launcher pod's name" in proc.stderr
+    outside = subprocess.run(proc.args, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "ASYNCRL_POD_NAME": "p",
+                                  "ASYNCRL_POD_UID": "6f1c2d3e-4a5b-6c7d-8e9f-000011112222"})
+    assert outside.returncode == 2 and "expected to run in a Kubernetes pod" in outside.stderr, outside.stderr
 
 
 def test_setup_sets_num_processes_to_nodes_times_gpus() -> None:
