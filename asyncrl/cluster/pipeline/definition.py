@@ -12,6 +12,10 @@ taskOutputParameter), so a resumed pipeline run drives the old run's S3 folder; 
 rendezvous documents under the run id. `finalize` may not read setup's output (KFP forbids an exit task any upstream
 task): it gets `resume_run_id` and ends a resumed run only if this pipeline run resumed it.
 
+Training runs in its task's pod (`torchrun --standalone`, `training_gpus` ranks) when `training_nodes` is 1; above 1
+the task (a `dsl.Else` branch) is the launcher that runs it as a TrainJob/PyTorchJob over the nodes
+(`asyncrl.cluster.training_launcher`, docs/multinode_training.md).
+
 Per role task, through kfp-kubernetes: the image from a pipeline parameter, GPUs (generation and training), the S3
 credentials from the Kubernetes secret `asyncrl-s3` (never a parameter), the role servers' bearer token from the
 secret `asyncrl-role-token`, and the endpoint from the config map
