@@ -33,7 +33,7 @@ COPY --chmod=0755 docker/healthcheck.py /usr/local/bin/asyncrl-healthcheck
 # /opt/venv/bin, on PATH. The finalize step is a KFP Python component whose generated command runs
 # `python3 -m kfp.dsl.executor_main`: python3 on PATH must be this venv's, with kfp. Both checked at build time.
 ENV PATH=/opt/venv/bin:$PATH
-RUN asyncrl-task --check asyncrl.roles.environment asyncrl.roles.reward asyncrl.cluster.setup asyncrl.cluster.finalize \
+RUN asyncrl-task --check asyncrl.roles.environment asyncrl.roles.reward asyncrl.cluster.setup asyncrl.cluster.finalize asyncrl.cluster.training_launcher \
     && python3 -m asyncrl.task_entrypoint --check kfp.dsl.executor_main asyncrl.cluster.finalize \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin asyncrl
 USER 10001:10001

@@ -14,7 +14,7 @@ Task output parameters (`taskOutputParameter`, e.g. the setup task's `run_id` th
 once the producer has run and written its output file, `{outputs_dir}/{producer key}/{output name}`).
 
 Invariants: a resolved command never contains `{{$`; an unknown placeholder, parameter, secret, secret key or
-unsupported construct (conditions, artifacts, importers) is a `RehearsalError` naming the task and the field.
+unsupported construct (artifacts, importers, a condition other than `asyncrl.cluster.rehearsal_condition`'s) is a `RehearsalError` naming the task and the field.
 Nothing here starts a process or touches the network.
 """
 
@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from asyncrl.cluster.rehearsal_condition import condition_holds
 from asyncrl.cluster.rehearsal_env import PlatformEnvError, platform_env
 from asyncrl.cluster.rehearsal_params import (
     PendingOutput,
@@ -243,8 +244,6 @@ class _Walker:
         for name in _sibling_order(tasks, prefix or "root"):
             t = tasks[name]
             key = f"{prefix}{name}"
-            if "triggerPolicy" in t and t["triggerPolicy"].get("condition"):
-                raise RehearsalError(f"task {key}: triggerPolicy.condition (dsl.If) is not supported")
             deps = set(inherited)
             for dep in t.get("dependentTasks", []):
                 deps.update(x.key for x in leaves[dep])
@@ -254,6 +253,10 @@ class _Walker:
                     if "taskFinalStatus" in p:
                         deps.update(x.key for x in leaves[p["taskFinalStatus"]["producerTask"]])
             inputs = _task_inputs(key, t, scope, self.job, prefix)
+            condition = t.get("triggerPolicy", {}).get("condition")
+            if condition and not condition_holds(key, condition, inputs):
+                leaves[name] = []  # a dsl.If/dsl.Else branch not taken: none of its tasks run
+                continue
             comp_name = t.get("componentRef", {}).get("name", "")
             comp = self.spec["components"].get(comp_name)
             if comp is None:

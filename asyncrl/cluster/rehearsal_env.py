@@ -6,6 +6,7 @@ Pure: secrets and config maps are dicts the caller passes; `status.podIP`/`statu
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,11 +49,13 @@ def platform_env(key: str, executor: Mapping[str, Any], inputs: Mapping[str, Any
             env[fp["name"]] = pod_ip
         elif path == "metadata.name":
             env[fp["name"]] = re.sub(r"[^a-z0-9-]+", "-", key.lower()).strip("-")
+        elif path == "metadata.uid":  # a pod's uid: stable per task here
+            env[fp["name"]] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"asyncrl-rehearsal/{key}"))
         elif path == "metadata.namespace":
             env[fp["name"]] = "kubeflow"
         else:
             raise PlatformEnvError(f"task {key}: fieldPathAsEnv {fp.get('name')}: field path {path!r} is not "
-                                   f"supported (expected one of {[*FIELD_PATHS_LOCAL, 'metadata.name']})")
+                                   f"supported (expected one of {[*FIELD_PATHS_LOCAL, 'metadata.name', 'metadata.uid']})")
     return env
 
 

@@ -1,7 +1,7 @@
 """The pipeline's `setup` step: argument parsing, then `asyncrl.run.create` (a new run) or `asyncrl.run.resume`.
 
     python -m asyncrl.cluster.setup --bucket B --prefix P --run-id RUN --config-yaml "..." [--set k=v ...]
-        [--resume-run-id OLD] [--run-id-output FILE]
+        [--training-nodes N --training-processes-per-node G] [--resume-run-id OLD] [--run-id-output FILE]
 
 The configuration is the YAML text (may be empty: the defaults) plus `--set` overrides, exactly as
 `asyncrl run` reads it; `run_id` is forced to the KFP run id so every role finds it at
@@ -65,6 +65,19 @@ def role_count_overrides(generation_ids_json: str, environment_ids_json: str) ->
     return out
 
 
+def training_processes_overrides(nodes: int, per_node: int) -> list[str]:
+    """N nodes x G ranks -> training.num_processes=N*G (the trainer checks its world size against it)."""
+    if nodes < 1:
+        raise SystemExit(f"setup: --training-nodes: expected at least 1 node, got {nodes}")
+    if per_node < 0:
+        raise SystemExit(f"setup: --training-processes-per-node: expected 0 (unset) or more, got {per_node}")
+    if per_node == 0:
+        if nodes > 1:
+            raise SystemExit("setup: --training-nodes > 1 needs --training-processes-per-node (GPUs per node)")
+        return []
+    return [f"training.num_processes={nodes * per_node}"]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m asyncrl.cluster.setup", description=__doc__.splitlines()[0])
     p.add_argument("--bucket", required=True)
@@ -79,6 +92,10 @@ def main(argv: list[str] | None = None) -> None:
                    "generation.num_servers")
     p.add_argument("--environment-ids-json", default="", help="the environment role ids as a JSON list: sets "
                    "rollout.num_writers")
+    p.add_argument("--training-nodes", type=int, default=1, help="training nodes: with "
+                   "--training-processes-per-node, sets training.num_processes to their product")
+    p.add_argument("--training-processes-per-node", type=int, default=0, help="training ranks (GPUs) per node "
+                   "(0: training.num_processes as the configuration says)")
     p.add_argument("--overrides-json", default="[]", help="more overrides as a JSON list (a KFP list parameter)")
     p.add_argument("--tags-json", default="[]", help="more tags as a JSON list of KEY=VALUE")
     p.add_argument("--resume-run-id", default="", help="resume this run instead of creating one (empty: a new run "
@@ -96,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     if not all(isinstance(x, str) for x in [*extra_overrides, *extra_tags]):
         raise SystemExit("setup: --overrides-json/--tags-json: expected JSON lists of strings")
     overrides = [*role_count_overrides(args.generation_ids_json, args.environment_ids_json), *args.overrides]
+    overrides += training_processes_overrides(args.training_nodes, args.training_processes_per_node)
     if args.model_path:
         overrides.append(f"model.path={args.model_path}")
     if args.env_name:

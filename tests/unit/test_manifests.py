@@ -279,9 +279,14 @@ def test_runner_rbac_is_least_privilege() -> None:
     for rule in role["rules"]:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
         writes = {"create", "delete", "deletecollection", "update"} & set(rule["verbs"])
-        assert not writes or rule["resources"] == ["workflowtaskresults"], rule
+        # writes: Argo's task results, and the training jobs the multi-node training task creates and deletes
+        writable = (["workflowtaskresults"], ["trainjobs"], ["pytorchjobs"])
+        assert not writes or rule["resources"] in writable, rule
         if "secrets" in rule["resources"]:
             assert rule.get("resourceNames") and rule["verbs"] == ["get"], rule
+    jobs = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+            if {"create", "get", "watch", "delete"} <= set(rule["verbs"])}
+    assert {("trainer.kubeflow.org", "trainjobs"), ("kubeflow.org", "pytorchjobs")} <= jobs
     (binding,) = _of_kind("RoleBinding")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "asyncrl-runner", "namespace": "asyncrl"}

@@ -17,6 +17,7 @@ from asyncrl.cluster.setup import resolve_config, role_count_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLES = ("generation", "training", "reward", "environment")
+LAUNCHER_EXEC = "exec-training-job-launcher"  # the multi-node training task (training_nodes > 1)
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +73,8 @@ def test_every_role_task_has_the_cluster_settings(docs):
     role_execs = [e for e in executors if e.startswith(("exec-role", "exec-training-role"))]
     assert len(role_execs) == 4 and "exec-setup" in executors and "exec-finalize" in executors
     for name, ex in executors.items():
+        if name == LAUNCHER_EXEC:  # no secret: tests/unit/test_training_job.py checks its settings
+            continue
         assert ex["secretAsEnv"][0]["secretName"] == "asyncrl-s3", name
         keys = {k["secretKey"] for k in ex["secretAsEnv"][0]["keyToEnv"]}
         assert keys == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
@@ -195,6 +198,17 @@ def test_roles_drive_the_run_id_setup_outputs(docs):
             (inner,) = comp["dag"]["tasks"].values()
             assert inner["inputs"]["parameters"]["run_id"] == {"componentInputParameter":
                                                                "pipelinechannel--setup-run_id"}
+            seen += 1
+        elif name.startswith("condition-branches"):  # training: one node (dsl.If) or several (dsl.Else)
+            assert params_in["pipelinechannel--setup-run_id"] == from_setup, name
+            branches = pipeline["components"][task["componentRef"]["name"]]["dag"]["tasks"].values()
+            inner_tasks = [t for b in branches
+                           for t in pipeline["components"][b["componentRef"]["name"]]["dag"]["tasks"].values()]
+            assert sorted(t["componentRef"]["name"] for t in inner_tasks) == ["comp-training-job-launcher",
+                                                                          "comp-training-role"]
+            for inner in inner_tasks:
+                assert inner["inputs"]["parameters"]["run_id"] == {"componentInputParameter":
+                                                                   "pipelinechannel--setup-run_id"}
             seen += 1
         elif name != "setup":
             assert params_in["run_id"] == from_setup, name

@@ -195,7 +195,7 @@ def test_roles_take_the_run_id_from_setups_output_and_resume_reaches_setup(compi
 
 
 def test_unknown_output_is_an_error_or_pending(compiled):
-    with pytest.raises(RehearsalError, match="for-loop-2: input pipelinechannel--setup-run_id: output 'run_id' of "
+    with pytest.raises(RehearsalError, match="condition-branches-3: input pipelinechannel--setup-run_id: output 'run_id' of "
                                              "task 'exit-handler-1/setup' is not known"):
         _tasks(compiled, setup_run_id=None)
     tasks = _tasks(compiled, setup_run_id=None, defer=True)

@@ -50,11 +50,15 @@ def check_no_secret_values(path: Path) -> None:
 
 
 def check_role_token_mapping(path: Path) -> None:
-    """Every task (the four roles, setup and finalize) gets ASYNCRL_ROLE_TOKEN from the secret, and only so."""
+    """Every task (the four roles, setup and finalize) gets ASYNCRL_ROLE_TOKEN from the secret, and only so; the
+    multi-node training launcher gets no secret."""
     pipeline, platform = _docs(path)
     executors = _executors(platform)
     assert set(executors) == set(pipeline["deploymentSpec"]["executors"]), "a task without platform env"
     for name, ex in executors.items():
+        if name == "exec-training-job-launcher":  # the multi-node training task: no secret at all (its job's
+            assert not ex.get("secretAsEnv"), name  # pods map theirs: tests/unit/test_training_job.py)
+            continue
         entries = [e for e in ex.get("secretAsEnv", []) if e.get("secretName") == ROLE_TOKEN_SECRET]
         assert len(entries) == 1, f"{name}: expected one secretAsEnv of {ROLE_TOKEN_SECRET}, got {entries}"
         assert entries[0]["keyToEnv"] == [{"secretKey": TOKEN_ENV, "envVar": TOKEN_ENV}], name

@@ -25,12 +25,13 @@ def run_url_placeholder(bucket: str, prefix: str, run_id: str) -> dsl.ConcatPlac
 @dsl.container_component
 def setup(bucket: str, prefix: str, config_yaml: str, overrides: list, tags: list, generation_ids: list,
           environment_ids: list, model_path: str, env_name: str, loss: str, async_ratio: int, steps: int,
-          prompts_per_step: int, samples_per_prompt: int, training_processes: int, mlflow_uri: str,
+          prompts_per_step: int, samples_per_prompt: int, training_processes: int, training_nodes: int,
+          mlflow_uri: str,
           mlflow_experiment: str, generation_image: str, training_image: str, light_image: str, resume_run_id: str,
           run_id: dsl.OutputPath(str)):
     """Validate the configuration (YAML text, the UI's fields, then `section.key=value` overrides, in that order)
     and write it to S3 under the run; the MLflow run is tagged with the three image references. KFP passes the list
-    parameters as JSON text. With `resume_run_id`, resume that run instead (`asyncrl.run.resume`). Output
+    parameters as JSON text; `training.num_processes` becomes nodes x processes per node. With `resume_run_id`, resume that run instead (`asyncrl.run.resume`). Output
     `run_id`: the run every role drives."""
     return dsl.ContainerSpec(
         image=PLACEHOLDER_IMAGE,
@@ -43,7 +44,7 @@ def setup(bucket: str, prefix: str, config_yaml: str, overrides: list, tags: lis
               "--set", dsl.ConcatPlaceholder(["training.steps=", steps]),
               "--set", dsl.ConcatPlaceholder(["rollout.prompts_per_step=", prompts_per_step]),
               "--set", dsl.ConcatPlaceholder(["rollout.samples_per_prompt=", samples_per_prompt]),
-              "--set", dsl.ConcatPlaceholder(["training.num_processes=", training_processes]),
+              "--training-nodes", training_nodes, "--training-processes-per-node", training_processes,
               "--set", dsl.ConcatPlaceholder(["tracking.tracking_uri=", mlflow_uri]),
               "--set", dsl.ConcatPlaceholder(["tracking.experiment=", mlflow_experiment]),
               "--tag", dsl.ConcatPlaceholder(["image.generation=", generation_image]),
@@ -78,6 +79,21 @@ def training_role(bucket: str, prefix: str, run_id: str, processes: int):
         command=[TASK_ENTRYPOINT, "torch.distributed.run"],  # what the `torchrun` script runs
         args=["--standalone", "--nnodes", "1", "--nproc-per-node", processes, "-m", "asyncrl.roles.training",
               "--run-url", run_url_placeholder(bucket, prefix, run_id), "--id", "0", "--host", "0.0.0.0"],
+    )
+
+
+@dsl.container_component
+def training_job_launcher(bucket: str, prefix: str, run_id: str, nodes: int, processes: int, image: str,
+                          timeout_s: int):
+    """The training role on `nodes` nodes of `processes` GPUs each: creates a Kubeflow Trainer `TrainJob` (or a
+    `PyTorchJob` where only the training operator is installed) whose pods run the training role under a
+    multi-node torchrun, follows it to its end and deletes it when stopped (`asyncrl.cluster.training_launcher`;
+    the objects: `asyncrl.cluster.training_job`). Runs in the light image; `image` is the training pods' image."""
+    return dsl.ContainerSpec(
+        image=PLACEHOLDER_IMAGE,
+        command=[TASK_ENTRYPOINT, "asyncrl.cluster.training_launcher"],
+        args=["--nodes", nodes, "--gpus-per-node", processes, "--image", image,
+              "--run-url", run_url_placeholder(bucket, prefix, run_id), "--engine", "auto", "--timeout-s", timeout_s],
     )
 
 

@@ -12,6 +12,10 @@ taskOutputParameter), so a resumed pipeline run drives the old run's S3 folder; 
 rendezvous documents under the run id. `finalize` may not read setup's output (KFP forbids an exit task any upstream
 task): it gets `resume_run_id` and ends a resumed run only if this pipeline run resumed it.
 
+Training runs in its task's pod (`torchrun --standalone`, `training_gpus` ranks) when `training_nodes` is 1; above 1
+the task (a `dsl.Else` branch) is the launcher that runs it as a TrainJob/PyTorchJob over the nodes
+(`asyncrl.cluster.training_launcher`, docs/multinode_training.md).
+
 Per role task, through kfp-kubernetes: the image from a pipeline parameter, GPUs (generation and training), the S3
 credentials from the Kubernetes secret `asyncrl-s3` (never a parameter), the role servers' bearer token from the
 secret `asyncrl-role-token`, and the endpoint from the config map
@@ -23,7 +27,7 @@ tolerations and a node selector for GPU nodes, a timeout, and caching disabled (
 
 from kfp import dsl, kubernetes
 
-from asyncrl.cluster.pipeline.components import finalize, role, setup, training_role
+from asyncrl.cluster.pipeline.components import finalize, role, setup, training_job_launcher, training_role
 
 S3_SECRET = "asyncrl-s3"
 S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
@@ -68,6 +72,19 @@ def _gpu(task: dsl.PipelineTask, gpus: int) -> dsl.PipelineTask:
     return task
 
 
+def _training_launcher(task: dsl.PipelineTask, image: str) -> dsl.PipelineTask:
+    """The multi-node training task: no secret (the job's pods read theirs by reference), its own pod's name and
+    uid (the job's owner), the role labels, the role timeout plus the launcher's grace to delete the job."""
+    task.set_container_image(image)
+    task.set_caching_options(False)
+    kubernetes.use_field_path_as_env(task, env_name="ASYNCRL_POD_NAME", field_path="metadata.name")
+    kubernetes.use_field_path_as_env(task, env_name="ASYNCRL_POD_UID", field_path="metadata.uid")
+    kubernetes.add_pod_label(task, label_key="app.kubernetes.io/part-of", label_value="asyncrl")
+    kubernetes.add_pod_label(task, label_key=ROLE_LABEL, label_value="training-launcher")
+    kubernetes.set_timeout(task, ROLE_TIMEOUT_S + SETUP_TIMEOUT_S)
+    return task
+
+
 @dsl.pipeline(name="asyncrl", description="Fully asynchronous RL post-training: generation (vLLM), environment, "
               "reward and training (DeepSpeed) as long-lived steps; trajectories through S3, runs in MLflow.")
 def asyncrl_pipeline(
@@ -83,6 +100,7 @@ def asyncrl_pipeline(
     environment_replica_ids: list = ["env0"],  # noqa: B006
     generation_gpus: int = 1,
     training_gpus: int = 1,
+    training_nodes: int = 1,
     generation_image: str = "asyncrl-generation:latest-release",
     training_image: str = "asyncrl-training:latest-release",
     light_image: str = "asyncrl-light:latest-release",
@@ -102,7 +120,7 @@ def asyncrl_pipeline(
                          generation_ids=generation_replica_ids, environment_ids=environment_replica_ids,
                          model_path=model_path, env_name=env_name, loss=loss, async_ratio=async_ratio, steps=steps,
                          prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt,
-                         training_processes=training_gpus, mlflow_uri=mlflow_uri, mlflow_experiment=mlflow_experiment,
+                         training_processes=training_gpus, training_nodes=training_nodes, mlflow_uri=mlflow_uri, mlflow_experiment=mlflow_experiment,
                          generation_image=generation_image, training_image=training_image, light_image=light_image,
                          resume_run_id=resume_run_id)
         _common(prepared, light_image, "setup", SETUP_TIMEOUT_S).set_display_name("setup")
@@ -119,9 +137,15 @@ def asyncrl_pipeline(
             gen.set_retry(num_retries=GENERATION_RETRIES, backoff_duration="10s", backoff_factor=2.0,
                           backoff_max_duration="300s")
 
-        train = training_role(bucket=s3_bucket, prefix=s3_prefix, run_id=run_id, processes=training_gpus)
-        _gpu(_common(train.after(prepared), training_image, "training", ROLE_TIMEOUT_S), training_gpus)
-        train.set_display_name("training")
+        # ---- training: torchrun in this pod (1 node), or a TrainJob/PyTorchJob over several nodes ----
+        with dsl.If(training_nodes == 1, name="training-one-node"):
+            train = training_role(bucket=s3_bucket, prefix=s3_prefix, run_id=run_id, processes=training_gpus)
+            _gpu(_common(train.after(prepared), training_image, "training", ROLE_TIMEOUT_S), training_gpus)
+            train.set_display_name("training")
+        with dsl.Else(name="training-several-nodes"):
+            launch = training_job_launcher(bucket=s3_bucket, prefix=s3_prefix, run_id=run_id, nodes=training_nodes,
+                                           processes=training_gpus, image=training_image, timeout_s=ROLE_TIMEOUT_S)
+            _training_launcher(launch.after(prepared), light_image).set_display_name("training")
 
         reward = role(module="asyncrl.roles.reward", bucket=s3_bucket, prefix=s3_prefix, run_id=run_id, role_id="0")
         _common(reward.after(prepared), light_image, "reward", ROLE_TIMEOUT_S).set_display_name("reward")
