@@ -1,6 +1,6 @@
 """`asyncrl pipeline compile|upload|run|rehearse`: the user's commands for Kubeflow Pipelines, through `kfp`.
 
-    asyncrl pipeline compile [--out asyncrl/cluster/pipeline/asyncrl.yaml]
+    asyncrl pipeline compile [--out asyncrl/cluster/pipeline/asyncrl.yaml] [--pod-layout layout.yaml]
     asyncrl pipeline upload --host URL [--name asyncrl] [--version V]      # a new pipeline, or a new version of it
     asyncrl pipeline run --host URL [--experiment asyncrl] [--config run.yaml] [--param k=v ...] [--set s.k=v ...]
     asyncrl pipeline rehearse [--pipeline asyncrl/cluster/pipeline/asyncrl.yaml] [--param k=v ...] [--set s.k=v ...]
@@ -28,14 +28,18 @@ from asyncrl.cluster.pipeline import COMPILED
 DEFAULT_YAML = COMPILED  # asyncrl/cluster/pipeline/asyncrl.yaml
 
 
-def compile_pipeline(out: Path = DEFAULT_YAML) -> Path:
-    """Compile asyncrl/cluster/pipeline/definition.py to `out` (KFP IR YAML)."""
+def compile_pipeline(out: Path = DEFAULT_YAML, pod_layout: Path | None = None) -> Path:
+    """Compile asyncrl/cluster/pipeline/definition.py to `out` (KFP IR YAML); with `pod_layout`, a YAML file of
+    `asyncrl.cluster.pipeline.pods.PodLayout` fields (cache volume, /dev/shm size, Kueue queue and pod group)."""
     from kfp import compiler
 
+    from asyncrl.cluster.pipeline import pods
     from asyncrl.cluster.pipeline.definition import asyncrl_pipeline
 
+    pipeline = asyncrl_pipeline if pod_layout is None else pods.with_layout(asyncrl_pipeline,
+                                                                             pods.load_layout(pod_layout))
     out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(asyncrl_pipeline, str(out))
+    compiler.Compiler().compile(pipeline, str(out))
     return out
 
 
@@ -128,7 +132,10 @@ def _pipeline_inputs(path: Path = DEFAULT_YAML) -> dict[str, str]:
 
 def main(args: argparse.Namespace) -> None:
     if args.action == "compile":
-        out = compile_pipeline(Path(args.out))
+        try:
+            out = compile_pipeline(Path(args.out), Path(args.pod_layout) if args.pod_layout else None)
+        except ValueError as err:
+            _fail(f"--pod-layout {err}")
         print(f"wrote {out}")
         return
     if args.action == "rehearse":
@@ -185,6 +192,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("pipeline", help="compile, upload and run the Kubeflow pipeline")
     p.add_argument("action", choices=["compile", "upload", "run", "rehearse"])
     p.add_argument("--out", default=str(DEFAULT_YAML), help="compile: where to write the YAML")
+    p.add_argument("--pod-layout", default="", help="compile: a YAML file of the pods' compile-time settings "
+                   "(cache volume, /dev/shm size, Kueue queue and pod group; README \"Sizing and scheduling\")")
     p.add_argument("--host", default=os.environ.get("KFP_HOST", "http://localhost:8080"),
                    help="the KFP API endpoint (default $KFP_HOST or http://localhost:8080)")
     p.add_argument("--name", default="asyncrl", help="upload: the pipeline's name")

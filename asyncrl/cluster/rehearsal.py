@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.cluster.rehearsal_condition import condition_holds
-from asyncrl.cluster.rehearsal_env import PlatformEnvError, platform_env
+from asyncrl.cluster.rehearsal_env import PlatformEnvError, platform_env, task_resources, volume_env
 from asyncrl.cluster.rehearsal_params import (
     PendingOutput,
     RehearsalError,
@@ -73,6 +73,7 @@ class RehearsalTask:
     role: str = ""
     outputs: dict[str, str] = field(default_factory=dict)
     pending: tuple[str, ...] = ()
+    resources: dict[str, str] = field(default_factory=dict)  # CPU/memory requests and limits, resolved
 
     @property
     def argv(self) -> list[str]:
@@ -95,6 +96,7 @@ class JobContext:
     config_maps: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     outputs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     defer_outputs: bool = False
+    volumes: Mapping[str, str] | None = None  # a disk volume's mount path -> its local folder (None: as in the pod)
 
 
 # ---- placeholders -------------------------------------------------------------------------------------
@@ -315,6 +317,9 @@ class _Walker:
         try:
             env.update(platform_env(key, self.k8s.get(label, {}), inputs, pod_ip=self.job.pod_ip,
                                     secrets=self.job.secrets, config_maps=self.job.config_maps))
+            if self.job.volumes is not None:
+                env = volume_env(key, self.k8s.get(label, {}), env, self.job.volumes)
+            resources = task_resources(key, container.get("resources", {}), r.text)
         except PlatformEnvError as err:
             raise RehearsalError(str(err)) from None
         left = [s for s in (*command, *args, *env.values()) if s != executor_input and "{{$" in s]
@@ -329,20 +334,23 @@ class _Walker:
                              depends_on=deps, is_exit=is_exit, loop_item=loop_item, role=role,
                              outputs={k: d["parameterType"] for k, d in
                                       comp.get("outputDefinitions", {}).get("parameters", {}).items()},
-                             pending=tuple(sorted({v.ref for v in inputs.values() if isinstance(v, PendingOutput)})))
+                             pending=tuple(sorted({v.ref for v in inputs.values() if isinstance(v, PendingOutput)})),
+                             resources=resources)
 
 def task_commands(spec: dict[str, Any], platform: dict[str, Any], params: Mapping[str, Any], run_id: str, *,
                   secrets: Mapping[str, Mapping[str, str]] | None = None,
                   config_maps: Mapping[str, Mapping[str, str]] | None = None, final_state: str = "SUCCEEDED",
                   outputs_dir: str = "/tmp/kfp_outputs", pod_ip: str = "127.0.0.1",
                   outputs: Mapping[str, Mapping[str, Any]] | None = None,
-                  defer_outputs: bool = False) -> list[RehearsalTask]:
+                  defer_outputs: bool = False, volumes: Mapping[str, str] | None = None) -> list[RehearsalTask]:
     """Every leaf task of the pipeline, resolved; `params` are the resolved pipeline parameters
     (`resolve_parameters`), `run_id` stands for the KFP run id, `final_state` is the status the exit task gets,
     `outputs` the task output parameters known (by producer task key, e.g. "exit-handler-1/setup"); an unknown one
-    is an error, or with `defer_outputs` a `PendingOutput` listed in the reading task's `pending`."""
+    is an error, or with `defer_outputs` a `PendingOutput` listed in the reading task's `pending`; `volumes` maps
+    each disk volume's mount path to a local folder (env values under it move there; None: left as in the pod)."""
     job = JobContext(run_id=run_id, pipeline_name=spec.get("pipelineInfo", {}).get("name", "pipeline"),
                      final_state=final_state, outputs_dir=outputs_dir, pod_ip=pod_ip, secrets=secrets or {},
-                     config_maps=config_maps or {}, outputs=outputs or {}, defer_outputs=defer_outputs)
+                     config_maps=config_maps or {}, outputs=outputs or {}, defer_outputs=defer_outputs,
+                     volumes=volumes)
     walker = _Walker(spec, platform, job)
     return walker.dag(spec["root"]["dag"], dict(params), (), "", None, False)

@@ -71,3 +71,47 @@ def _platform_name(key: str, entry: dict[str, Any], name_field: str, inputs: Map
     if name_field in entry:
         return str(entry[name_field])
     raise PlatformEnvError(f"task {key}: expected {name_field} or {name_field}Parameter")
+
+
+# ---- volumes and resources --------------------------------------------------------------------------------
+# a Kubernetes resource quantity, as the KFP driver parses a task's resources (same form as pods.QUANTITY)
+QUANTITY = re.compile(r"^(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[numkMGTPE]|[KMGTPE]i)?$")
+RESOURCE_FIELDS = ("resourceCpuRequest", "resourceCpuLimit", "resourceMemoryRequest", "resourceMemoryLimit")
+
+
+def disk_mounts(executor: Mapping[str, Any]) -> list[str]:
+    """The mount paths of a task's disk volumes: PVCs, generic ephemeral volumes, emptyDirs not in memory."""
+    mounts = [m.get("mountPath", "") for m in executor.get("pvcMount", [])]
+    mounts += [v.get("mountPath", "") for v in executor.get("genericEphemeralVolume", [])]
+    mounts += [d.get("mountPath", "") for d in executor.get("emptyDirMounts", []) if d.get("medium") != "Memory"]
+    return mounts
+
+
+def volume_env(key: str, executor: Mapping[str, Any], env: Mapping[str, str],
+               volumes: Mapping[str, str]) -> dict[str, str]:
+    """`env` with every value under a disk volume's mount path moved to that volume's local folder (`volumes`: mount
+    path -> folder); a disk volume with no local folder is a PlatformEnvError."""
+    out = dict(env)
+    for mount in disk_mounts(executor):
+        if mount not in volumes:
+            raise PlatformEnvError(f"task {key}: the volume mounted at {mount!r} has no local folder (have "
+                                   f"{sorted(volumes)})")
+        local = volumes[mount].rstrip("/")
+        for name, value in env.items():
+            if value == mount or value.startswith(mount.rstrip("/") + "/"):
+                out[name] = local + value[len(mount.rstrip("/")):]
+    return out
+
+
+def task_resources(key: str, resources: Mapping[str, Any], text: Any) -> dict[str, str]:
+    """The task's CPU and memory requests and limits with their placeholders resolved by `text`; a value that is not
+    a Kubernetes quantity (the KFP driver would fail the task) is a PlatformEnvError naming the field."""
+    out: dict[str, str] = {}
+    for name in RESOURCE_FIELDS:
+        if name in resources:
+            value = text(str(resources[name]))
+            if not QUANTITY.match(value):
+                raise PlatformEnvError(f"task {key}: resources.{name}: expected a Kubernetes quantity such as 2, "
+                                       f"500m or 8Gi, got {value!r}")
+            out[name] = value
+    return out

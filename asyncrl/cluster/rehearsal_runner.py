@@ -6,7 +6,9 @@ What a Kubeflow cluster would do, on one machine: start SeaweedFS (random creden
 only through the pipeline's own secret / config-map / field-path env (the parent's AWS_* and launcher variables
 are removed from the children's environment); create the bucket; start each task's resolved command (see
 `asyncrl.cluster.rehearsal`) once every task it depends on has exited 0, as its own process session, with its log
-in `workdir/logs/<task>.log` and its working directory `workdir/pods/<task>`; once the run's `done` marker
+in `workdir/logs/<task>.log` and its working directory `workdir/pods/<task>`; the pods' model cache volume
+(mounted at `/cache`, pods.py) is one folder every task shares, as a shared PVC would be: the parent of `cache_dir`
+(`.cache` of the repository by default, so the built-in model built once is found again); once the run's `done` marker
 appears, every still-running task must exit by itself (with 0) within `exit_grace_s`; then the exit task
 (finalize) runs with the final status SUCCEEDED and must exit 0.
 Output parameters: when a task exits 0, each output parameter its component declares is read from the file its
@@ -67,6 +69,7 @@ MAX_SHOWN_ARG = 160
 CODE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding the asyncrl package this process imported
 TASK_ENTRYPOINT = "asyncrl-task"  # pyproject.toml [project.scripts]; the components' command
 RUN_ID_OUTPUT = "run_id"  # the output naming the run the roles drive (asyncrl/cluster/pipeline/components.py setup)
+CACHE_MOUNT = "/cache"  # asyncrl/cluster/pipeline/pods.py: the pods' model cache volume
 
 
 class RehearsalFailed(RuntimeError):
@@ -276,7 +279,7 @@ def rehearse(yaml_path: Path | str, params: Mapping[str, Any] | None = None, *, 
             def resolve(outputs: dict[str, dict[str, Any]]) -> list[RehearsalTask]:
                 return task_commands(spec, platform, resolved, kfp_run_id, secrets=secrets, config_maps=config_maps,
                                      final_state="SUCCEEDED", outputs_dir=str(outputs_dir), outputs=outputs,
-                                     defer_outputs=True)
+                                     defer_outputs=True, volumes={CACHE_MOUNT: str(cache.parent)})
 
             tasks = resolve({})
             bucket, prefix = str(resolved.get("s3_bucket", "asyncrl")), str(resolved.get("s3_prefix", "runs"))

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config import ConfigError, RunConfig, load_config
+from asyncrl.config import ConfigError, RunConfig, load_config, with_cache_dir_from_env
 from asyncrl.run.create import RunExists, check_cluster_config, create_run, record_model
 from asyncrl.run.resume import ResumeError, reattach_tracking, resume_run
 from asyncrl.storage.run_layout import RunPaths, run_url
@@ -78,6 +78,20 @@ def training_processes_overrides(nodes: int, per_node: int) -> list[str]:
     return [f"training.num_processes={nodes * per_node}"]
 
 
+def check_gang_size(gang_pods: int, generation_ids_json: str, environment_ids_json: str) -> None:
+    """With a Kueue pod group compiled in (`gang_pods` > 0, asyncrl/cluster/pipeline/pods.py), the run's long-lived
+    pods (generation and environment replicas, training, reward) must be exactly that many: Kueue admits the group
+    only when all of its pods exist, so a mismatch would wait forever. SystemExit naming both counts otherwise."""
+    if gang_pods <= 0:
+        return
+    counts = [len(json.loads(text)) if text else 1 for text in (generation_ids_json, environment_ids_json)]
+    if sum(counts) + 2 != gang_pods:
+        raise SystemExit(f"setup: generation_replica_ids/environment_replica_ids: the pipeline was compiled with a "
+                         f"Kueue pod group of {gang_pods} pods, but this run has {counts[0]} generation + {counts[1]} "
+                         f"environment replicas + training + reward = {sum(counts) + 2}; give {gang_pods - 2} replicas "
+                         f"in all, or compile with gang_pods: {sum(counts) + 2} (asyncrl pipeline compile --pod-layout)")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m asyncrl.cluster.setup", description=__doc__.splitlines()[0])
     p.add_argument("--bucket", required=True)
@@ -100,6 +114,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tags-json", default="[]", help="more tags as a JSON list of KEY=VALUE")
     p.add_argument("--resume-run-id", default="", help="resume this run instead of creating one (empty: a new run "
                    "under the KFP run id)")
+    p.add_argument("--gang-pods", type=int, default=0, help="the size of the Kueue pod group the pipeline was compiled "
+                   "with (0: none); checked against the replicas")
     p.add_argument("--run-id-output", default="", help="file to write the run id the roles drive to (the KFP "
                    "output parameter run_id)")
     args = p.parse_args(argv)
@@ -114,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("setup: --overrides-json/--tags-json: expected JSON lists of strings")
     overrides = [*role_count_overrides(args.generation_ids_json, args.environment_ids_json), *args.overrides]
     overrides += training_processes_overrides(args.training_nodes, args.training_processes_per_node)
+    check_gang_size(args.gang_pods, args.generation_ids_json, args.environment_ids_json)
     if args.model_path:
         overrides.append(f"model.path={args.model_path}")
     if args.env_name:
@@ -127,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"setup: {'--resume-run-id' if args.resume_run_id else '--run-id'}: {err}", file=sys.stderr)
         sys.exit(2)
     try:
-        cfg = resolve_config(args.config_yaml, overrides, run_id)
+        cfg = with_cache_dir_from_env(resolve_config(args.config_yaml, overrides, run_id), os.environ)
         check_cluster_config(cfg)
     except ConfigError as err:
         print(f"setup: {err}", file=sys.stderr)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_args
 
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from asyncrl.config.schema import RunConfig
 
 MAX_VALUE_CHARS = 200
+CACHE_DIR_ENV = "ASYNCRL_CACHE_DIR"  # replaces cache_dir in this process (`with_cache_dir_from_env`)
 
 
 class ConfigError(ValueError):
@@ -203,6 +205,17 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     if overrides:
         source += " with --set " + " ".join(overrides)
     return config_from_dict(data, source)
+
+
+def with_cache_dir_from_env(cfg: RunConfig, environ: Mapping[str, str]) -> RunConfig:
+    """`cfg` with `cache_dir` from ASYNCRL_CACHE_DIR when that is set (the pipeline sets it in every pod to its cache
+    volume: where a process keeps built and fetched models is its machine's, not the run's); else `cfg` itself."""
+    value = environ.get(CACHE_DIR_ENV, "")
+    if not value:
+        return cfg
+    if not Path(value).is_absolute():
+        raise ConfigError(f"{CACHE_DIR_ENV}: expected an absolute folder (the pod's cache volume), got {value!r}")
+    return cfg.model_copy(update={"cache_dir": value})
 
 
 def config_from_json(text: str, source: str) -> RunConfig:

@@ -241,6 +241,9 @@ class GenerationConfig(_Section):
                                       "instead of spinning on the core (null: vLLM's own spin, for nodes with "
                                       "cores to spare); see asyncrl/generation/vllm_plugin.py.")
     seed: int = 0
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs of one generation server, which vLLM "
+                                      "splits the model across (tensor parallelism); must divide the model's "
+                                      "attention heads. The pipeline sets it to generation_gpus.")
     max_restarts: int = Field(3, ge=0, le=100, description="Restarts of a generation server that died (the embedded "
                               "launcher restarts it; on a cluster the pipeline's generation task retries its pod as "
                               "often). A restarted server loads the latest committed weights from S3 and rejoins.")
@@ -452,7 +455,8 @@ class EvalConfig(_Section):
 class RunConfig(_Section):
     name: str = Field("asyncrl", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
     run_id: str = Field("", pattern=r"^[A-Za-z0-9._-]*$", description="Empty: generated at launch.")
-    cache_dir: str = Field(".cache/asyncrl", description="Built models, compiled ops.")
+    cache_dir: str = Field(".cache/asyncrl", description="Built models, compiled ops. ASYNCRL_CACHE_DIR, when set, "
+                           "replaces it in that process (the pipeline's pods: their cache volume).")
     runs_dir: str = Field("runs", description="Embedded mode: per-run folders (S3 data, MLflow store, logs, summary).")
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
@@ -502,6 +506,10 @@ class RunConfig(_Section):
             )
         if self.env is not None:
             self._check_env(self.env)
+        tp, heads = self.generation.tensor_parallel_size, self.model.tiny.hidden_size // 64
+        if not self.model.path and heads % tp:  # the built-in model's heads are 64 wide (a model folder's: the role)
+            raise ValueError(f"generation.tensor_parallel_size: expected a divisor of the built-in tiny model's "
+                             f"{heads} attention heads (model.tiny.hidden_size / 64), got {tp}")
         if ro.prompts_per_step % ro.num_writers:
             raise ValueError(
                 f"rollout.num_writers: expected a divisor of rollout.prompts_per_step ({ro.prompts_per_step}), got {ro.num_writers}"

@@ -52,6 +52,7 @@ class EngineSettings:
     # own spin); see asyncrl/generation/vllm_plugin.py
     ring_poll_s: float | None = 0.0005
     initial_version: int = 0  # the policy version of the weights in `model` (a restarted server: a checkpoint's)
+    tensor_parallel_size: int = 1  # GPUs the engine splits the model across (asyncrl.generation.parallel)
 
 
 def engine_process_env(settings: EngineSettings) -> dict[str, str]:
@@ -208,6 +209,7 @@ class GenerationEngine:
             dtype=settings.dtype,
             max_model_len=settings.max_model_len,
             max_num_seqs=settings.max_num_seqs,
+            tensor_parallel_size=settings.tensor_parallel_size,
             kv_cache_memory_bytes=int(settings.kv_cache_gib * (1 << 30)),
             seed=settings.seed,
             enforce_eager=settings.enforce_eager,

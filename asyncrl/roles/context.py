@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config import RunConfig, config_from_json
+from asyncrl.config import ConfigError, RunConfig, config_from_json, with_cache_dir_from_env
 from asyncrl.models.folder import run_model_folder
 from asyncrl.roles.liveness import Heartbeat, RunOver, exit_when_orphaned, watch_run
 from asyncrl.storage.run_layout import RunPaths, parse_run_url
@@ -97,6 +97,10 @@ class RoleContext:
         if text is None:
             raise SystemExit(f"{role}: {args.run_url}/config.json does not exist: start the run with `asyncrl run`")
         cfg = config_from_json(text.decode(), f"{args.run_url}/config.json")
+        try:
+            cfg = with_cache_dir_from_env(cfg, os.environ)  # a pod's cache volume (the pipeline sets it)
+        except ConfigError as err:
+            raise SystemExit(f"{role}: {err}") from None
         store.close()
         store = S3Store(endpoint, bucket, timeout_s=30.0, retry_deadline_s=cfg.timeouts.storage_s)
         apply_network_env(cfg, os.environ)

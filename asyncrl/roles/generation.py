@@ -16,7 +16,9 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
+from asyncrl.config.schema import GenerationConfig
 from asyncrl.generation.engine import EngineSettings, GenerationEngine
+from asyncrl.generation.parallel import check_model_folder
 from asyncrl.generation.server import run_server
 from asyncrl.roles.context import (
     RoleContext,
@@ -72,6 +74,15 @@ def model_at_latest_checkpoint(ctx: RoleContext, model: Path) -> tuple[Path, int
     return folder, version
 
 
+def engine_settings(g: GenerationConfig, model: str, index: int, version: int) -> EngineSettings:
+    """The engine of generation replica number `index` of a run whose generation section is `g`."""
+    return EngineSettings(
+        model=model, max_model_len=g.max_model_len, kv_cache_gib=g.kv_cache_gib, max_num_seqs=g.max_num_seqs,
+        seed=g.seed + index, dtype="float32", cpu_threads=g.cpu_threads, ring_poll_s=g.ring_poll_s,
+        initial_version=version, tensor_parallel_size=g.tensor_parallel_size,
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     args = role_arg_parser("generation").parse_args(argv)
     setup_logging(args.log_level, "generation", args.id)
@@ -82,12 +93,11 @@ def main(argv: list[str] | None = None) -> None:
     ctx = RoleContext.from_args("generation", args)
     g = ctx.cfg.generation
     model, version = model_at_latest_checkpoint(ctx, ctx.model_folder())
-    settings = EngineSettings(
-        model=str(model), max_model_len=g.max_model_len, kv_cache_gib=g.kv_cache_gib,
-        max_num_seqs=g.max_num_seqs, seed=g.seed + instance_index(args.id),
-        dtype="float32", cpu_threads=g.cpu_threads, ring_poll_s=g.ring_poll_s,
-        initial_version=version,
-    )
+    try:
+        check_model_folder(g.tensor_parallel_size, model)  # before vLLM starts: a clear error, not vLLM's
+    except ValueError as err:
+        raise SystemExit(f"generation[{args.id}]: {err}") from None
+    settings = engine_settings(g, str(model), instance_index(args.id), version)
     with ctx.heartbeat() as heartbeat:
         over = asyncio.run(serve(ctx, settings, args.host, advertised(args, ""), args.on_done, heartbeat))
     if over is not None and over.exit_code:

@@ -97,7 +97,8 @@ class WeightGroup:
         self.sender = WeightSender([base_url(d) for d in docs], backend="nccl" if self.device.type == "cuda" else "gloo",
                                    timeout_s=self.cfg.timeouts.collective_s,
                                    bucket_bytes=int(self.cfg.training.weight_bucket_mb * 2**20), device=self.device,
-                                   master_addr=self.ctx.advertise_host)
+                                   master_addr=self.ctx.advertise_host,
+                                   workers_per_server=self.cfg.generation.tensor_parallel_size)
         self._form(docs)
 
     def push(self, version: int, weights: list[tuple[str, torch.Tensor]], checksum: bool = True) -> dict[str, float]:

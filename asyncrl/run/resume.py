@@ -8,7 +8,8 @@
 3. the configuration given equals the stored one, field by field after both are parsed (so defaults added by a
    newer asyncrl count as equal); only `training.steps` may differ, and only grow, and only when that leaves the
    derived `training.critic_warmup_steps` unchanged (AsyPPO derives its warm-up from the step count: a different
-   warm-up would retrain the critics alone in the middle of the run). Every other difference is named.
+   warm-up would retrain the critics alone in the middle of the run); `cache_dir` is the machine's (a pod's cache
+   volume: ASYNCRL_CACHE_DIR) and may differ too. Every other difference is named.
 Then `rewind_run`: the crashed attempt's heartbeats are deleted (a "failed" one would stop the new roles at once),
 its rendezvous documents withdrawn (their epoch kept: peers wait for the new addresses), and `versions/latest.json`
 rewound to the newest committed checkpoint (its version, per-writer consumption cursors and counters; version 0
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 
 LOCAL_CONFIG = "config.json"  # in an embedded run's folder: the configuration `asyncrl run --resume` reads
 GROWABLE = "training.steps"
+MACHINE_LOCAL = "cache_dir"  # where a process keeps its caches (a pod's cache volume): never a reason to refuse
 _ABSENT = object()
 
 
@@ -90,7 +92,7 @@ def resumable_config(stored_doc: dict[str, Any], cfg: RunConfig, source: str) ->
         raise ResumeError(f"run {cfg.run_id}: the stored configuration no longer parses: {err}") from None
     old, new = stored.model_dump(mode="json"), cfg.model_dump(mode="json")
     diff = config_differences(old, new)
-    refused = [f for f in diff if f != GROWABLE]
+    refused = [f for f in diff if f not in (GROWABLE, MACHINE_LOCAL)]
     reasons = [f"{f} (stored {_value(old, f)!r}, given {_value(new, f)!r})" for f in refused]
     grew = GROWABLE in diff
     if grew and cfg.training.steps < stored.training.steps:

@@ -2,7 +2,8 @@
 the trainer-side `WeightSender`.
 
 Topology: the trainer is rank 0 and hosts the rendezvous `TCPStore`; each generation worker is one more
-rank (TP = 1: one rank per server, so world_size = 1 + number of servers). The group is NOT the default
+rank: a server of tensor-parallel size TP has TP workers, ranks first..first+TP-1 (`group_ranks`), so
+world_size = 1 + servers x TP. The group is NOT the default
 process group (vLLM's worker already owns that one, and so may the trainer's DeepSpeed): it is a
 `ProcessGroupGloo` / `ProcessGroupNCCL` built directly over a `PrefixStore` of the trainer's store.
 
@@ -216,6 +217,15 @@ def _post(client: httpx.Client, url: str, body: dict[str, Any], timeout_s: float
     return dict(r.json())
 
 
+def group_ranks(servers: int, workers_per_server: int) -> tuple[int, list[int]]:
+    """Pure: the weight group's world size and each server's first rank. The trainer is rank 0; server i's
+    workers (one per GPU of its tensor-parallel engine) are ranks 1 + i*TP .. i*TP + TP."""
+    if servers < 1 or workers_per_server < 1:
+        raise ValueError(f"expected at least one server and one worker per server, got {servers} x "
+                         f"{workers_per_server}")
+    return 1 + servers * workers_per_server, [1 + i * workers_per_server for i in range(servers)]
+
+
 class WeightSender:
     """Trainer side of weight sync: rank 0 of a group whose other ranks are the generation workers.
 
@@ -231,7 +241,11 @@ class WeightSender:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         master_addr: str = "127.0.0.1",
         device: str | torch.device = "cpu",
+        workers_per_server: int = 1,
     ) -> None:
+        if workers_per_server < 1:
+            raise ValueError(f"workers_per_server: expected >= 1 (a server's tensor-parallel size), got "
+                             f"{workers_per_server}")
         if not server_urls:
             raise ValueError("server_urls: expected at least one generation server URL")
         if backend not in BACKENDS:
@@ -242,6 +256,7 @@ class WeightSender:
         self.bucket_bytes = int(bucket_bytes)
         self.master_addr = master_addr
         self.device = torch.device(device)
+        self.workers_per_server = int(workers_per_server)
         self._store: dist.TCPStore | None = None
         self._pg: dist.ProcessGroup | None = None
         # One HTTP client for every call (thread-safe; its connections kept alive): building an httpx client loads
@@ -251,7 +266,7 @@ class WeightSender:
 
     @property
     def world_size(self) -> int:
-        return 1 + len(self.server_urls)
+        return group_ranks(len(self.server_urls), self.workers_per_server)[0]
 
     @property
     def connected(self) -> bool:
@@ -280,11 +295,12 @@ class WeightSender:
         group_name = f"epoch{self.epoch + 1}-{uuid.uuid4().hex}"
         log.info("weight sync: hosting rendezvous on %s:%d for %d ranks", self.master_addr, store.port, self.world_size)
         step = _Concurrent(join_s + 30.0)
-        for i, url in enumerate(self.server_urls):
+        first_ranks = group_ranks(len(self.server_urls), self.workers_per_server)[1]
+        for url, first_rank in zip(self.server_urls, first_ranks, strict=True):
             body = {
                 "master_addr": self.master_addr,
                 "master_port": store.port,
-                "rank": i + 1,
+                "rank": first_rank,  # of the server's first worker; its worker of TP rank r joins as first_rank + r
                 "world_size": self.world_size,
                 "backend": self.backend,
                 "timeout_s": self.timeout_s,

@@ -87,7 +87,9 @@ def test_every_role_task_has_the_cluster_settings(docs):
     for e in gpu:
         ex = executors[e]
         assert ex["emptyDirMounts"][0]["mountPath"] == "/dev/shm" and ex["emptyDirMounts"][0]["medium"] == "Memory"
-        assert ex["tolerations"][0]["key"] == "nvidia.com/gpu" and "nodeSelector" in ex
+        # node selector and tolerations: pipeline parameters (tests/unit/test_pipeline_pods.py)
+        assert ex["tolerations"][0]["key"] == "nvidia.com/gpu" and ex["tolerations"][1]["tolerationJson"]
+        assert "nodeSelectorJson" in ex["nodeSelector"]
     images = {pipeline["deploymentSpec"]["executors"][e]["container"]["image"] for e in role_execs}
     assert all(i.startswith("{{$.inputs.parameters[") for i in images)  # from the image parameters
     trainer = pipeline["deploymentSpec"]["executors"]["exec-training-role"]["container"]

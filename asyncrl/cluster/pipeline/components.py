@@ -28,7 +28,7 @@ def setup(bucket: str, prefix: str, config_yaml: str, overrides: list, tags: lis
           prompts_per_step: int, samples_per_prompt: int, training_processes: int, training_nodes: int,
           mlflow_uri: str,
           mlflow_experiment: str, generation_image: str, training_image: str, light_image: str, resume_run_id: str,
-          run_id: dsl.OutputPath(str)):
+          run_id: dsl.OutputPath(str), generation_gpus: int = 1, gang_pods: int = 0):
     """Validate the configuration (YAML text, the UI's fields, then `section.key=value` overrides, in that order)
     and write it to S3 under the run; the MLflow run is tagged with the three image references. KFP passes the list
     parameters as JSON text; `training.num_processes` becomes nodes x processes per node. With `resume_run_id`, resume that run instead (`asyncrl.run.resume`). Output
@@ -45,12 +45,15 @@ def setup(bucket: str, prefix: str, config_yaml: str, overrides: list, tags: lis
               "--set", dsl.ConcatPlaceholder(["rollout.prompts_per_step=", prompts_per_step]),
               "--set", dsl.ConcatPlaceholder(["rollout.samples_per_prompt=", samples_per_prompt]),
               "--training-nodes", training_nodes, "--training-processes-per-node", training_processes,
+              # a generation replica's GPUs serve one engine, tensor-parallel across them
+              "--set", dsl.ConcatPlaceholder(["generation.tensor_parallel_size=", generation_gpus]),
               "--set", dsl.ConcatPlaceholder(["tracking.tracking_uri=", mlflow_uri]),
               "--set", dsl.ConcatPlaceholder(["tracking.experiment=", mlflow_experiment]),
               "--tag", dsl.ConcatPlaceholder(["image.generation=", generation_image]),
               "--tag", dsl.ConcatPlaceholder(["image.training=", training_image]),
               "--tag", dsl.ConcatPlaceholder(["image.light=", light_image]),
               "--overrides-json", overrides, "--tags-json", tags, "--resume-run-id", resume_run_id,
+              "--gang-pods", gang_pods,  # the compiled Kueue pod group's size (pods.py): checked against the replicas
               "--run-id-output", run_id],
     )
 

@@ -20,13 +20,15 @@ Per role task, through kfp-kubernetes: the image from a pipeline parameter, GPUs
 credentials from the Kubernetes secret `asyncrl-s3` (never a parameter), the role servers' bearer token from the
 secret `asyncrl-role-token`, and the endpoint from the config map
 `asyncrl-endpoints`, `POD_IP` from the pod's
-status (the address a role advertises), a memory-backed `/dev/shm` for NCCL and DataLoader shared memory,
-tolerations and a node selector for GPU nodes, a timeout, and caching disabled (a role is never "cached").
+status (the address a role advertises), a timeout, and caching disabled (a role is never "cached"); its size and
+scheduling from `pods.py` (`pods.place`: CPU/memory per role, node selector, tolerations, image pull secret, the
+model cache volume, a sized memory-backed `/dev/shm` for the GPU roles, Kueue's queue and pod group).
 """
 
 
 from kfp import dsl, kubernetes
 
+from asyncrl.cluster.pipeline import pods
 from asyncrl.cluster.pipeline.components import finalize, role, setup, training_job_launcher, training_role
 
 S3_SECRET = "asyncrl-s3"
@@ -66,9 +68,8 @@ def _common(task: dsl.PipelineTask, image: str, role_name: str, timeout_s: int) 
 
 def _gpu(task: dsl.PipelineTask, gpus: int) -> dsl.PipelineTask:
     task.set_accelerator_type(GPU_RESOURCE).set_accelerator_limit(gpus)
-    kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory")
     kubernetes.add_toleration(task, key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
-    kubernetes.add_node_selector(task, label_key="nvidia.com/gpu.present", label_value="true")
+    pods.mount_shm(task, pods.current_layout())  # sized; node selector and more tolerations: pods.schedule_pod
     return task
 
 
@@ -111,10 +112,69 @@ def asyncrl_pipeline(
     overrides: list = [],  # noqa: B006
     tags: list = [],  # noqa: B006
     resume_run_id: str = "",
+    # pod sizing and scheduling (asyncrl/cluster/pipeline/pods.py); defaults for one 8-GPU node
+    generation_cpu_request: str = "8",
+    generation_cpu_limit: str = "16",
+    generation_memory_request: str = "64Gi",
+    generation_memory_limit: str = "64Gi",
+    training_cpu_request: str = "16",
+    training_cpu_limit: str = "32",
+    training_memory_request: str = "128Gi",
+    training_memory_limit: str = "128Gi",
+    environment_cpu_request: str = "2",
+    environment_cpu_limit: str = "4",
+    environment_memory_request: str = "4Gi",
+    environment_memory_limit: str = "8Gi",
+    reward_cpu_request: str = "2",
+    reward_cpu_limit: str = "4",
+    reward_memory_request: str = "4Gi",
+    reward_memory_limit: str = "8Gi",
+    setup_cpu_request: str = "2",
+    setup_cpu_limit: str = "4",
+    setup_memory_request: str = "8Gi",
+    setup_memory_limit: str = "8Gi",
+    gpu_node_selector: dict = {"nvidia.com/gpu.present": "true"},  # noqa: B006
+    gpu_tolerations: list = [],  # noqa: B006 - more than the nvidia.com/gpu taint, always tolerated (_gpu)
+    cpu_node_selector: dict = {},  # noqa: B006
+    cpu_tolerations: list = [],  # noqa: B006
+    registry_login: str = "asyncrl-registry",
 ) -> None:
+    """The asyncrl run: setup, the long-lived roles side by side, finalize.
+
+    Args:
+        generation_cpu_request: CPU request of each generation replica's pod (a Kubernetes quantity, e.g. 8 or 500m).
+        generation_cpu_limit: CPU limit of each generation replica's pod.
+        generation_memory_request: Memory request of each generation replica's pod (e.g. 64Gi).
+        generation_memory_limit: Memory limit of each generation replica's pod (its /dev/shm counts against it).
+        training_cpu_request: CPU request of the training pod.
+        training_cpu_limit: CPU limit of the training pod.
+        training_memory_request: Memory request of the training pod.
+        training_memory_limit: Memory limit of the training pod (its /dev/shm counts against it).
+        environment_cpu_request: CPU request of each environment replica's pod.
+        environment_cpu_limit: CPU limit of each environment replica's pod.
+        environment_memory_request: Memory request of each environment replica's pod.
+        environment_memory_limit: Memory limit of each environment replica's pod.
+        reward_cpu_request: CPU request of the reward pod.
+        reward_cpu_limit: CPU limit of the reward pod.
+        reward_memory_request: Memory request of the reward pod.
+        reward_memory_limit: Memory limit of the reward pod.
+        setup_cpu_request: CPU request of the setup and finalize pods.
+        setup_cpu_limit: CPU limit of the setup and finalize pods.
+        setup_memory_request: Memory request of the setup and finalize pods.
+        setup_memory_limit: Memory limit of the setup and finalize pods.
+        gpu_node_selector: Node labels the generation and training pods must match (a JSON object).
+        gpu_tolerations: More tolerations of the GPU pods, as a JSON list of Kubernetes tolerations (nvidia.com/gpu is always tolerated).
+        cpu_node_selector: Node labels every other pod must match (a JSON object; {} for any node).
+        cpu_tolerations: Tolerations of every other pod (a JSON list of Kubernetes tolerations).
+        registry_login: Name of the docker-registry Secret the kubelet pulls the images with (a missing one only warns).
+    """
     exit_task = finalize(bucket=s3_bucket, prefix=s3_prefix, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                          resume_run_id=resume_run_id)
     _common(exit_task, light_image, "finalize", SETUP_TIMEOUT_S)
+    setup_size = pods.Size(setup_cpu_request, setup_cpu_limit, setup_memory_request, setup_memory_limit)
+    cpu_nodes = pods.Nodes(cpu_node_selector, cpu_tolerations, registry_login)
+    gpu_nodes = pods.Nodes(gpu_node_selector, gpu_tolerations, registry_login)
+    pods.place(exit_task, setup_size, cpu_nodes, cache=False, gang=False)
     with dsl.ExitHandler(exit_task, name="asyncrl-run"):
         prepared = setup(bucket=s3_bucket, prefix=s3_prefix, config_yaml=config_yaml, overrides=overrides, tags=tags,
                          generation_ids=generation_replica_ids, environment_ids=environment_replica_ids,
@@ -122,8 +182,10 @@ def asyncrl_pipeline(
                          prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt,
                          training_processes=training_gpus, training_nodes=training_nodes, mlflow_uri=mlflow_uri, mlflow_experiment=mlflow_experiment,
                          generation_image=generation_image, training_image=training_image, light_image=light_image,
-                         resume_run_id=resume_run_id)
+                         resume_run_id=resume_run_id, generation_gpus=generation_gpus,
+                         gang_pods=pods.current_layout().gang_pods)
         _common(prepared, light_image, "setup", SETUP_TIMEOUT_S).set_display_name("setup")
+        pods.place(prepared, setup_size, cpu_nodes, cache=True, gang=False)
         run_id = prepared.outputs["run_id"]  # the KFP run id, or the resumed run's
 
         with dsl.ParallelFor(generation_replica_ids, name="generation-replicas") as gen_id:
@@ -132,6 +194,8 @@ def asyncrl_pipeline(
                        gpus=generation_gpus)
             _gpu(_common(gen.after(prepared), generation_image, "generation", ROLE_TIMEOUT_S), generation_gpus)
             gen.set_display_name("generation")
+            pods.place(gen, pods.Size(generation_cpu_request, generation_cpu_limit, generation_memory_request,
+                                      generation_memory_limit), gpu_nodes, cache=True, gang=True)
             # a lost generation pod (evicted, OOM-killed) comes back: the run goes on without it meanwhile, and the
             # new pod starts from the last committed checkpoint and joins the next weight-group epoch
             gen.set_retry(num_retries=GENERATION_RETRIES, backoff_duration="10s", backoff_factor=2.0,
@@ -142,17 +206,26 @@ def asyncrl_pipeline(
             train = training_role(bucket=s3_bucket, prefix=s3_prefix, run_id=run_id, processes=training_gpus)
             _gpu(_common(train.after(prepared), training_image, "training", ROLE_TIMEOUT_S), training_gpus)
             train.set_display_name("training")
+            pods.place(train, pods.Size(training_cpu_request, training_cpu_limit, training_memory_request,
+                                        training_memory_limit), gpu_nodes, cache=True, gang=True)
         with dsl.Else(name="training-several-nodes"):
+            # the job's pods are sized, placed and gang-scheduled by the job (asyncrl.cluster.training_job); the
+            # launcher itself is a small pod on the CPU nodes, in the run's pod group in place of the training pod
             launch = training_job_launcher(bucket=s3_bucket, prefix=s3_prefix, run_id=run_id, nodes=training_nodes,
                                            processes=training_gpus, image=training_image, timeout_s=ROLE_TIMEOUT_S)
             _training_launcher(launch.after(prepared), light_image).set_display_name("training")
+            pods.place(launch, setup_size, cpu_nodes, cache=False, gang=True)
 
         reward = role(module="asyncrl.roles.reward", bucket=s3_bucket, prefix=s3_prefix, run_id=run_id, role_id="0")
         _common(reward.after(prepared), light_image, "reward", ROLE_TIMEOUT_S).set_display_name("reward")
+        pods.place(reward, pods.Size(reward_cpu_request, reward_cpu_limit, reward_memory_request, reward_memory_limit),
+                   cpu_nodes, cache=True, gang=True)
 
         with dsl.ParallelFor(environment_replica_ids, name="environment-replicas") as env_id:
             env = role(module="asyncrl.roles.environment", bucket=s3_bucket, prefix=s3_prefix, run_id=run_id,
                        role_id=env_id)
             _common(env.after(prepared), light_image, "environment", ROLE_TIMEOUT_S).set_display_name("environment")
+            pods.place(env, pods.Size(environment_cpu_request, environment_cpu_limit, environment_memory_request,
+                                      environment_memory_limit), cpu_nodes, cache=True, gang=True)
             kubernetes.use_secret_as_env(env, secret_name=SANDBOX_TOKEN_SECRET, optional=True,
                                          secret_key_to_env={"ASYNCRL_SANDBOX_TOKEN": "ASYNCRL_SANDBOX_TOKEN"})
