@@ -35,8 +35,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 STOP_S3_TIMEOUT_S = 10.0  # the stop's record and the heartbeat's last state, within the pod's grace period
 
 
-class RoleStopped(Exception):  # noqa: N818 - it is not an error: the role was told to stop
-    """Raised in a training rank's main thread by the first stop signal."""
+class RoleStopped(BaseException):  # noqa: N818 - it is not an error: the role was told to stop
+    """Raised in a training rank's main thread by the first stop signal; a BaseException, as KeyboardInterrupt is,
+    so that no `except Exception` on the way (a retry, a logged fault) swallows it."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name}")
