@@ -1,9 +1,11 @@
 """The pipeline's `finalize` step (under `dsl.ExitHandler`): end the run whatever happened to it.
 
-    python -m asyncrl.cluster.finalize --run-url s3://B/P/RUN --status Succeeded [--kfp-run-id KFP_RUN]
+    python -m asyncrl.cluster.finalize --run-url s3://B/P/RUN --status COMPLETE [--kfp-run-id KFP_RUN]
 
 Argument parsing only: the rules (the `done` marker, `final_status.json`, the summary, the registered model, the
-MLflow run's end, idempotence) are `asyncrl.run.finalize`'s. A resumed run (the pipeline parameter
+MLflow run's end, idempotence) are `asyncrl.run.finalize`'s; `--status` is the exit task's
+`PipelineTaskFinalStatus.state` as KFP gives it ("COMPLETE", "FAILED", "CANCELED", ...), mapped to the run's
+outcome by `asyncrl.run.documents.run_outcome` (a cancelled run ends KILLED in MLflow). A resumed run (the pipeline parameter
 `resume_run_id`): the exit task cannot read the setup task's output (KFP forbids an exit task any upstream task),
 so it gets the run id from the parameter and `--kfp-run-id`, the pipeline run it ends; it finalizes the run only if
 that pipeline run is the one that resumed it last (`asyncrl.run.finalize.owns_run`). Otherwise (the resume was
@@ -27,7 +29,8 @@ log = logging.getLogger(__name__)
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m asyncrl.cluster.finalize", description=__doc__.splitlines()[0])
     p.add_argument("--run-url", required=True)
-    p.add_argument("--status", default="Unknown", help="the pipeline's final status (KFP PipelineTaskFinalStatus)")
+    p.add_argument("--status", default="Unknown", help="the pipeline's final state (KFP PipelineTaskFinalStatus.state: COMPLETE or SUCCEEDED, "
+                   "FAILED, CANCELED or CANCELLED, ...)")
     p.add_argument("--kfp-run-id", default="", help="the pipeline run ending now; when it differs from the run id "
                    "of --run-url (a resume), the run is finalized only if this pipeline run resumed it")
     args = p.parse_args(argv)

@@ -11,6 +11,13 @@ in `workdir/logs/<task>.log` and its working directory `workdir/pods/<task>`; th
 (`.cache` of the repository by default, so the built-in model built once is found again); once the run's `done` marker
 appears, every still-running task must exit by itself (with 0) within `exit_grace_s`; then the exit task
 (finalize) runs with the final status SUCCEEDED and must exit 0.
+A cancel ("Terminate" in the Kubeflow UI), with `cancel_when(store, paths)`: once it returns True (checked every
+poll), every running task's main process gets SIGTERM, as Kubernetes stops a pod (torchrun forwards it to its
+ranks), and has `stop_grace_s` (the pod's termination grace period) to exit, with any code; one still running then
+is killed with its session and named in `killed`. `inspect_cancel(store, paths)` then looks at what the stopped
+roles left (what a run whose exit task never ran keeps; its value is in the result). The exit task then runs with the final status `cancel_state`, or,
+with `cancel_state=None`, never (Argo may cut it short: KFP terminates a run by setting the workflow's
+`activeDeadlineSeconds` to 0).
 Output parameters: when a task exits 0, each output parameter its component declares is read from the file its
 container wrote (`workdir/kfp_outputs/<task key>/<name>`; a missing file fails the task, as the KFP launcher does),
 and every task that reads it is resolved again before it starts. The setup task's output `run_id` is the run the
@@ -26,10 +33,12 @@ of every task's log; no process started here outlives `rehearse` (try/finally, p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -91,6 +100,9 @@ class RehearsalResult:
     logs: dict[str, Path] = field(default_factory=dict)
     kfp_run_id: str = ""
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cancelled_s: float | None = None  # when the cancel's SIGTERMs were sent (None: not cancelled)
+    killed: list[str] = field(default_factory=list)  # tasks still running `stop_grace_s` after the cancel
+    cancel_inspection: Any = None
 
 
 def local_argv(command: Sequence[str], python: str = sys.executable) -> list[str]:
@@ -150,6 +162,8 @@ class _Run:
         self.started: dict[str, float] = {}
         self.ended: dict[str, float] = {}
         self.done_at: float | None = None
+        self.cancelled_at: float | None = None
+        self.killed: list[str] = []
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -184,7 +198,7 @@ class _Run:
                 continue
             self.ended[t.name] = self.now()
             self.echo(f"[{self.now():6.1f}s] exit  {t.name}: rc={rc}")
-            if rc != 0:
+            if rc != 0 and (self.cancelled_at is None or t.is_exit):  # after a cancel a role may exit with any code
                 raise self.fail(t, f"exited with code {rc}")
             self.read_outputs(t)
 
@@ -215,13 +229,43 @@ class _Run:
             raise self.fail(task, f"reads output(s) {list(task.pending)} that no finished task wrote")
         return task
 
-    def run_body(self, timeout_s: float, exit_grace_s: float, poll_s: float) -> None:
+    def cancel(self, stop_grace_s: float, poll_s: float) -> None:
+        """SIGTERM to every running task's main process, as Kubernetes stops a pod; `stop_grace_s` later, what is
+        left is killed with its session."""
+        self.cancelled_at = self.now()
+        running = [t for t in self.tasks if t.key in self.children and t.name not in self.ended]
+        self.echo(f"[{self.cancelled_at:6.1f}s] cancel: SIGTERM to {[t.name for t in running]}")
+        for t in running:
+            with contextlib.suppress(ProcessLookupError):
+                self.children[t.key].proc.send_signal(signal.SIGTERM)
+        while True:
+            self.reap()
+            left = [t for t in running if t.name not in self.ended]
+            if not left:
+                return
+            if self.now() > self.cancelled_at + stop_grace_s:
+                self.killed = [t.name for t in left]
+                self.echo(f"[{self.now():6.1f}s] cancel: still running after {stop_grace_s:.0f}s, killed: "
+                          f"{self.killed}")
+                for t in left:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(self.children[t.key].proc.pid, signal.SIGKILL)
+                    self.children[t.key].proc.wait(10)
+                self.reap()
+                return
+            time.sleep(poll_s)
+
+    def run_body(self, timeout_s: float, exit_grace_s: float, poll_s: float,
+                 cancel_when: Callable[[S3Store, RunPaths], bool] | None = None, stop_grace_s: float = 30.0) -> None:
         deadline = self.t0 + timeout_s
         while True:
             body = [t for t in self.tasks if not t.is_exit]
             self.reap()
             finished = {t.key for t in body if t.name in self.ended}
             if len(finished) == len(body):
+                return
+            if cancel_when is not None and cancel_when(self.store, self.paths):
+                self.cancel(stop_grace_s, poll_s)
                 return
             for t in body:
                 if t.key not in self.children and all(d in finished for d in t.depends_on):
@@ -256,9 +300,13 @@ def rehearse(yaml_path: Path | str, params: Mapping[str, Any] | None = None, *, 
              timeout_s: float = 900.0, exit_grace_s: float = 120.0, exit_task_timeout_s: float = 300.0,
              run_id: str | None = None, cache_dir: Path | str | None = None,
              echo: Callable[[str], None] | None = None,
-             inspect: Callable[[S3Store, RunPaths], Any] | None = None, poll_s: float = 0.5) -> RehearsalResult:
+             inspect: Callable[[S3Store, RunPaths], Any] | None = None, poll_s: float = 0.5,
+             cancel_when: Callable[[S3Store, RunPaths], bool] | None = None, cancel_state: str | None = "CANCELED",
+             stop_grace_s: float = 30.0,
+             inspect_cancel: Callable[[S3Store, RunPaths], Any] | None = None) -> RehearsalResult:
     """Run the pipeline in `yaml_path` with `params` (checked against its declared parameters) locally; see the
-    module docstring. `inspect(store, paths)` runs before the S3 server stops; its value is in the result."""
+    module docstring. `inspect(store, paths)` runs before the S3 server stops; its value is in the result.
+    `cancel_when`, `cancel_state`, `stop_grace_s`, `inspect_cancel`: a cancel, see the module docstring."""
     spec, platform = load_compiled(yaml_path)
     resolved = resolve_parameters(spec, params)
     kfp_run_id = run_id or str(uuid.uuid4())  # the form of a KFP run id
@@ -269,6 +317,7 @@ def rehearse(yaml_path: Path | str, params: Mapping[str, Any] | None = None, *, 
     rpc_dir = Path(tempfile.mkdtemp(prefix="asyncrl-rh-"))  # vLLM's sockets: a short path (Unix socket limit)
     t0 = time.monotonic()
     run: _Run | None = None
+    cancel_inspection = None
     try:
         with EmbeddedS3(workdir / "s3", log_path=workdir / "logs" / "weed.log") as s3:
             secrets = {S3_SECRET: {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key},
@@ -276,9 +325,11 @@ def rehearse(yaml_path: Path | str, params: Mapping[str, Any] | None = None, *, 
             config_maps = {ENDPOINTS_CONFIG_MAP: {"AWS_ENDPOINT_URL": s3.endpoint_url}}
             outputs_dir = workdir / "kfp_outputs"
 
+            final_state = ["SUCCEEDED"]  # what the exit task gets: a cancel changes it
+
             def resolve(outputs: dict[str, dict[str, Any]]) -> list[RehearsalTask]:
                 return task_commands(spec, platform, resolved, kfp_run_id, secrets=secrets, config_maps=config_maps,
-                                     final_state="SUCCEEDED", outputs_dir=str(outputs_dir), outputs=outputs,
+                                     final_state=final_state[0], outputs_dir=str(outputs_dir), outputs=outputs,
                                      defer_outputs=True, volumes={CACHE_MOUNT: str(cache.parent)})
 
             tasks = resolve({})
@@ -290,8 +341,15 @@ def rehearse(yaml_path: Path | str, params: Mapping[str, Any] | None = None, *, 
                 f"logs in {workdir / 'logs'}")
             run = _Run(tasks, workdir, base_env(workdir, rpc_dir, cache), store, paths, say, resolve, outputs_dir)
             try:
-                run.run_body(timeout_s, exit_grace_s, poll_s)
-                run.run_exit(exit_task_timeout_s, poll_s)
+                run.run_body(timeout_s, exit_grace_s, poll_s, cancel_when, stop_grace_s)
+                if run.cancelled_at is not None and inspect_cancel is not None:
+                    cancel_inspection = inspect_cancel(store, run.paths)
+                if run.cancelled_at is not None and cancel_state is not None:
+                    final_state[0] = cancel_state
+                    fresh = {t.key: t for t in resolve(run.outputs)}
+                    run.tasks = [fresh[t.key] if t.is_exit else t for t in run.tasks]
+                if run.cancelled_at is None or cancel_state is not None:
+                    run.run_exit(exit_task_timeout_s, poll_s)
                 inspection = inspect(store, run.paths) if inspect is not None else None
             finally:
                 run.group.stop_all(grace_s=10.0)
@@ -301,7 +359,8 @@ def rehearse(yaml_path: Path | str, params: Mapping[str, Any] | None = None, *, 
                                tasks=run.tasks, exit_codes=codes, started_s=run.started, ended_s=run.ended,
                                done_s=run.done_at, wall_s=time.monotonic() - t0, inspection=inspection,
                                logs={c.name: c.log_path for c in run.group.children}, kfp_run_id=kfp_run_id,
-                               outputs=run.outputs)
+                               outputs=run.outputs, cancelled_s=run.cancelled_at, killed=run.killed,
+                               cancel_inspection=cancel_inspection)
     finally:
         shutil.rmtree(rpc_dir, ignore_errors=True)
 

@@ -287,12 +287,14 @@ async def run_server(
     *,
     token: str | None = None,
     insecure_no_token: bool = False,
+    handle_signals: bool = True,
 ) -> None:
     """Start the engine, serve HTTP until SIGTERM/SIGINT (or `stop` is set), then shut the engine down.
 
     `on_engine(engine)` runs once the engine has started (the role reads its `health()` for its heartbeat);
     `on_ready(host, port)` runs once the engine is ready and the socket is listening (sync or async).
-    Signal handlers are installed only when running in the main thread.
+    Signal handlers are installed only when running in the main thread, and with `handle_signals` (the generation
+    role installs its own, which set `stop` too: `asyncrl.roles.stop_signal`).
     The bearer token is `token`, else `ASYNCRL_ROLE_TOKEN` (a `MissingTokenError` naming the variable, before
     anything starts, when neither is set); `insecure_no_token=True` serves without any token check.
     """
@@ -304,7 +306,7 @@ async def run_server(
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     installed: list[int] = []
-    if threading.current_thread() is threading.main_thread():
+    if handle_signals and threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)

@@ -13,8 +13,9 @@ this writer's groups it trained and read). With `partial_rollout: resubmit` a re
 is re-sent with its partial tokens appended. Every `stats_interval_s` it writes its rollout metrics (aborts, drops,
 in-flight, per-server busy fraction and tokens/s) to `stats/<writer>.json` for the trainer to log. The first
 writer also evaluates the servers' weights on the held-out split every `eval.every_steps` versions
-(`asyncrl.roles.periodic_eval`). Stops when the
-run's `done` marker appears, or when the trainer failed or is gone.
+(`asyncrl.roles.periodic_eval`). Stops when the run's `done` marker appears, or when the trainer failed or is gone;
+on SIGTERM/SIGINT its work is cancelled (the group objects already written stay; one is written whole or not at
+all) and the stop recorded (`asyncrl.roles.stop_signal`).
 
 Run: `python -m asyncrl.roles.environment --run-url s3://bucket/prefix/run_id --id env0`.
 """
@@ -42,6 +43,7 @@ from asyncrl.roles.liveness import RunOver
 from asyncrl.roles.periodic_eval import PeriodicEval
 from asyncrl.roles.rollout_driver import RolloutDriver
 from asyncrl.roles.single_turn import SingleTurnKind
+from asyncrl.roles.stop_signal import StopSignal
 
 FIRST_WRITER = "env0"  # the writer that runs the periodic held-out evaluation (`eval.every_steps`)
 
@@ -76,19 +78,31 @@ async def run_environment(ctx: RoleContext) -> None:
                 await asyncio.gather(evaluating, return_exceptions=True)
 
 
-async def run_until_over(ctx: RoleContext) -> RunOver | None:
-    """Run the environment writer until it stops at the run's `done` marker (None), or until the trainer failed or
-    is gone (the `RunOver` that says so; the writer's work is cancelled)."""
+async def run_until_over(ctx: RoleContext, signals: StopSignal | None = None) -> RunOver | None:
+    """Run the environment writer until it stops at the run's `done` marker (None), until the trainer failed or is
+    gone (the `RunOver` that says so), or, with `signals`, until a stop signal (None, the signal noted in
+    `signals`); in the last two cases the writer's work is cancelled."""
+    signalled = asyncio.Event()
+    if signals is not None:
+        signals.on_loop(asyncio.get_running_loop(), signalled)
     watch = asyncio.create_task(stop_when_over(ctx, "exit", asyncio.Event()))
     work = asyncio.create_task(run_environment(ctx))
-    finished, _ = await asyncio.wait({watch, work}, return_when=asyncio.FIRST_COMPLETED)
+    stopped = asyncio.create_task(signalled.wait())
+    finished, _ = await asyncio.wait({watch, work, stopped}, return_when=asyncio.FIRST_COMPLETED)
     if work in finished:
-        watch.cancel()
-        await asyncio.gather(watch, return_exceptions=True)
+        for t in (watch, stopped):
+            t.cancel()
+        await asyncio.gather(watch, stopped, return_exceptions=True)
         work.result()  # the writer's own error, if any
         return None
     work.cancel()
     await asyncio.gather(work, return_exceptions=True)
+    if stopped in finished:
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+        return None
+    stopped.cancel()
+    await asyncio.gather(stopped, return_exceptions=True)
     return watch.result()
 
 
@@ -96,8 +110,14 @@ def main(argv: list[str] | None = None) -> None:
     args = role_arg_parser("environment").parse_args(argv)
     setup_logging(args.log_level, "environment", args.id)
     ctx = RoleContext.from_args("environment", args)
-    with ctx.heartbeat():
-        over = asyncio.run(run_until_over(ctx))
+    signals = StopSignal()
+    code = 0
+    with ctx.heartbeat() as heartbeat:
+        over = asyncio.run(run_until_over(ctx, signals))
+        if signals.signum is not None:
+            code = signals.finish(ctx.store, ctx.paths, "environment", args.id, heartbeat.stop)
+    if code:
+        raise SystemExit(code)
     if over is not None and over.exit_code:
         raise SystemExit(f"environment[{args.id}]: stopping: {over.reason}")
 

@@ -4,6 +4,7 @@ Reads the run's config, resolves the model folder, starts the engine and HTTP se
 `rendezvous/generation/<id>.json` once it is ready; the trainer then drives weight sync through its HTTP API.
 It beats a heartbeat carrying the engine's figures (`asyncrl.roles.liveness`) and exits by itself when the run is
 done (unless `--on-done stay`) or the trainer failed or is gone, so a finished or failed run never holds its GPUs.
+On SIGTERM/SIGINT it stops serving, shuts the engine down and records the stop (`asyncrl.roles.stop_signal`).
 Run: `python -m asyncrl.roles.generation --run-url s3://bucket/prefix/run_id --id 0`.
 """
 
@@ -30,6 +31,7 @@ from asyncrl.roles.context import (
     watched,
 )
 from asyncrl.roles.liveness import Heartbeat, RunOver
+from asyncrl.roles.stop_signal import StopSignal
 from asyncrl.rpc.auth import MissingTokenError, require_token
 from asyncrl.storage.checkpoints import latest_committed_version, load_checkpoint_tensors
 
@@ -37,8 +39,9 @@ log = logging.getLogger(__name__)
 
 
 async def serve(ctx: RoleContext, settings: EngineSettings, host: str, advertise: str, on_done: str,
-                heartbeat: Heartbeat) -> RunOver | None:
-    """Serve until SIGTERM/SIGINT or the end of the run; returns why the run ended it (None: stopped)."""
+                heartbeat: Heartbeat, signals: StopSignal) -> RunOver | None:
+    """Serve until SIGTERM/SIGINT (noted in `signals`) or the end of the run; returns why the run ended it (None:
+    stopped by a signal)."""
     engines: list[GenerationEngine] = []
 
     def figures() -> dict[str, float]:
@@ -50,7 +53,8 @@ async def serve(ctx: RoleContext, settings: EngineSettings, host: str, advertise
         ctx.publish({"host": advertise or bound, "port": port})
 
     async with watched(ctx, on_done, heartbeat, figures) as (stop, over):
-        await run_server(settings, host, 0, ready, stop, on_engine=engines.append)
+        signals.on_loop(asyncio.get_running_loop(), stop)
+        await run_server(settings, host, 0, ready, stop, on_engine=engines.append, handle_signals=False)
     return over[0] if over else None
 
 
@@ -98,8 +102,14 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         raise SystemExit(f"generation[{args.id}]: {err}") from None
     settings = engine_settings(g, str(model), instance_index(args.id), version)
+    signals = StopSignal()
+    code = 0
     with ctx.heartbeat() as heartbeat:
-        over = asyncio.run(serve(ctx, settings, args.host, advertised(args, ""), args.on_done, heartbeat))
+        over = asyncio.run(serve(ctx, settings, args.host, advertised(args, ""), args.on_done, heartbeat, signals))
+        if signals.signum is not None:
+            code = signals.finish(ctx.store, ctx.paths, "generation", args.id, heartbeat.stop)
+    if code:
+        raise SystemExit(code)
     if over is not None and over.exit_code:
         raise SystemExit(f"generation[{args.id}]: stopping: {over.reason}")
 

@@ -1,15 +1,16 @@
 """Heartbeats and the end of a run: how every role knows when to exit, so a failed run never keeps GPUs.
 
 Every role writes `heartbeats/<role>/<id>.json` every `timeouts.heartbeat_s` from a background thread (`Heartbeat`):
-{role, id, seq, state, pid, time, metrics}. `seq` grows by one per write; `state` is "running", then "finished"
-or "failed" (with `error`); `metrics` are the role's own figures, which the trainer logs to MLflow under
-`<role>/<id>/<name>` so every metric carries the role that produced it.
+{role, id, seq, state, pid, time, metrics}. `seq` grows by one per write; `state` is "running", then "finished",
+"failed" (with `error`) or "stopped" (stopped by a signal before the run was done, `asyncrl.roles.stop_signal`);
+`metrics` are the role's own figures, which the trainer logs to MLflow under `<role>/<id>/<name>` so every metric
+carries the role that produced it.
 
 The roles that serve the trainer (generation, reward, environment) watch the run (`watch_run`) and exit by
 themselves when:
 - the run's `done` marker exists (the trainer finished, or the pipeline's finalize step ran): exit code 0;
-- the trainer's heartbeat says "failed": exit code 1 at once (a resume deletes the crashed attempt's heartbeats
-  before any role starts, see `asyncrl.run.resume`);
+- the trainer's heartbeat says "failed" or "stopped": exit code 1 at once (a resume deletes the crashed attempt's
+  heartbeats before any role starts, see `asyncrl.run.resume`);
 - the trainer's heartbeat has not appeared within `timeouts.rendezvous_s`, or its `seq` has not advanced for
   `timeouts.peer_s` (killed, OOM, node lost): exit code 1.
 
@@ -34,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from asyncrl.roles.stop_signal import RoleStopped
 from asyncrl.roles.system_metrics import SystemSampler
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
@@ -92,6 +94,9 @@ class Heartbeat:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, RoleStopped):  # the role's StopSignal.finish writes the last state, within its deadline
+            self._stop.set()
+            return
         if exc is None or isinstance(exc, SystemExit) and exc.code in (0, None):
             self.stop("finished")
         else:
@@ -119,7 +124,7 @@ class Heartbeat:
             self._final = state != "running"
 
     def stop(self, state: str = "finished", error: str = "") -> None:
-        """Stop beating and write the final state ("finished" or "failed")."""
+        """Stop beating and write the final state ("finished", "failed" or "stopped")."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self.interval_s + 5)
@@ -175,6 +180,8 @@ def check_run(store: S3Store, paths: RunPaths, watch: PeerWatch, now: float) -> 
     seq = int(doc["seq"]) if isinstance(doc, dict) and isinstance(doc.get("seq"), int) else None
     if isinstance(doc, dict) and doc.get("state") == "failed":
         return RunOver(f"the trainer failed: {doc.get('error', 'no error recorded')}", 1)
+    if isinstance(doc, dict) and doc.get("state") == "stopped":
+        return RunOver(f"the trainer was {doc.get('error', 'stopped by a signal')} before the run was done", 1)
     if isinstance(doc, dict) and doc.get("state") == "finished":
         return RunOver("the trainer finished", 0)
     gone = watch.observe(seq, now)

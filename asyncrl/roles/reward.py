@@ -19,16 +19,19 @@ Invariants:
   gives that item the per-item status 500);
 - a batch's answer has exactly as many results as it has items, in the same order.
 
+On SIGTERM/SIGINT it stops serving and records the stop (`asyncrl.roles.stop_signal`).
+
 Run: `python -m asyncrl.roles.reward --run-url s3://bucket/prefix/run_id --id 0`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -57,6 +60,7 @@ from asyncrl.roles.context import (
     watched,
 )
 from asyncrl.roles.liveness import Heartbeat, RunOver
+from asyncrl.roles.stop_signal import StopSignal
 from asyncrl.rpc.auth import DEFAULT_BODY_TIMEOUT_S, MissingTokenError, require_token, secure_app
 from asyncrl.rpc.listen import bind_socket
 
@@ -145,11 +149,24 @@ def create_app(stats: dict[str, int] | None = None, *, token: str | None,
     return app
 
 
+class _ServerWithoutSignals(uvicorn.Server):
+    """uvicorn server that leaves SIGTERM/SIGINT to the role (uvicorn's own capture re-raises the signal once
+    `serve()` returns, which would kill the process before it records its stop)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 async def serve_app(app: FastAPI, sock: socket.socket, on_ready: Callable[[str, int], None],
-                    stop: asyncio.Event | None = None) -> None:
-    """Serve until SIGTERM/SIGINT (uvicorn's handlers) or `stop` is set; call `on_ready(host, port)` once
-    listening."""
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+                    stop: asyncio.Event | None = None, signals: StopSignal | None = None) -> None:
+    """Serve until SIGTERM/SIGINT or `stop` is set; call `on_ready(host, port)` once listening. The signals are
+    uvicorn's, or with `signals` the role's (they set `stop`, see `asyncrl.roles.stop_signal`)."""
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    if signals is not None:
+        stop = stop or asyncio.Event()
+        signals.on_loop(asyncio.get_running_loop(), stop)
+    server = uvicorn.Server(config) if signals is None else _ServerWithoutSignals(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.05)
@@ -164,8 +181,9 @@ async def serve_app(app: FastAPI, sock: socket.socket, on_ready: Callable[[str, 
 
 
 async def serve(ctx: RoleContext, sock: socket.socket, advertise: str, on_done: str,
-                heartbeat: Heartbeat, token: str) -> RunOver | None:
-    """Serve until SIGTERM/SIGINT or the end of the run; returns why the run ended it (None: stopped)."""
+                heartbeat: Heartbeat, token: str, signals: StopSignal) -> RunOver | None:
+    """Serve until SIGTERM/SIGINT (noted in `signals`) or the end of the run; returns why the run ended it (None:
+    stopped by a signal)."""
     stats: dict[str, int] = {}
 
     def ready(host: str, port: int) -> None:
@@ -174,7 +192,7 @@ async def serve(ctx: RoleContext, sock: socket.socket, advertise: str, on_done: 
     async with watched(ctx, on_done, heartbeat, lambda: numeric_metrics(stats)) as (stop, over):
         app = create_app(stats, token=token, body_timeout_s=ctx.cfg.timeouts.http_s,
                          scorer=scorer_for(ctx.cfg.task.reward))
-        await serve_app(app, sock, ready, stop)
+        await serve_app(app, sock, ready, stop, signals)
     return over[0] if over else None
 
 
@@ -187,8 +205,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"reward[{args.id}]: {e}") from None
     ctx = RoleContext.from_args("reward", args)
     sock = bind_socket(args.host, 0)
+    signals = StopSignal()
+    code = 0
     with ctx.heartbeat() as heartbeat:
-        over = asyncio.run(serve(ctx, sock, advertised(args, ""), args.on_done, heartbeat, token))
+        over = asyncio.run(serve(ctx, sock, advertised(args, ""), args.on_done, heartbeat, token, signals))
+        if signals.signum is not None:
+            code = signals.finish(ctx.store, ctx.paths, "reward", args.id, heartbeat.stop)
+    if code:
+        raise SystemExit(code)
     if over is not None and over.exit_code:
         raise SystemExit(f"reward[{args.id}]: stopping: {over.reason}")
 

@@ -31,6 +31,13 @@ A rank that fails makes the others miss a deadline (they raise `ChannelTimeout` 
 rank 0 failing while the others wait for its next decision tells them "stop" at once. The others wait for that
 decision up to `step_wait_s` (twice after a checkpoint step: the push, the checkpoint write and the next batch).
 
+Stopped by SIGTERM/SIGINT (Kubernetes stopping the pod; torchrun forwards it to every rank): every rank abandons the
+step under way (`asyncrl.roles.stop_signal.RoleStopped`; a checkpoint cut short has no `COMMITTED` and is never
+read, every committed one stays), rank 0 flushes the steps already made to MLflow (`STOP_FLUSH_S` at most) and,
+before the run is done, records the stop in `stopped.json` and ends the MLflow run as KILLED
+(`asyncrl.run.stop.end_tracking_killed`), so a run cancelled from the Kubeflow UI ends KILLED even when the
+pipeline's exit step never runs. No `done` marker is written: the run stays resumable.
+
 Run: `python -m asyncrl.roles.training --run-url s3://bucket/prefix/run_id`, or
 `torchrun --standalone --nnodes 1 --nproc-per-node W -m asyncrl.roles.training --run-url ... --id 0`.
 """
@@ -46,8 +53,10 @@ import torch
 
 from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.roles.context import RoleContext, role_arg_parser, setup_logging
+from asyncrl.roles.stop_signal import STOP_S3_TIMEOUT_S, RoleStopped, StopSignal, bounded
 from asyncrl.roles.training_report import Counters, StepResult, Taken, TrainingReport
 from asyncrl.roles.weight_group import WeightGroup
+from asyncrl.run.stop import end_tracking_killed
 from asyncrl.storage.checkpoints import (
     flatten_optimizer_state,
     latest_committed_version,
@@ -68,6 +77,8 @@ from asyncrl.types import Group
 from asyncrl.weights.sync import weights_checksum
 
 log = logging.getLogger(__name__)
+
+STOP_FLUSH_S = 5.0  # stopped by a signal: how long the steps already made may take to reach MLflow
 
 
 def check_world_size(num_processes: int, world_size: int) -> None:
@@ -282,9 +293,10 @@ class TrainingRunner:
         if self.report is not None:
             self.report.finish(self.version)
 
-    def close(self) -> None:
+    def close(self, flush_s: float | None = None) -> None:
+        """Close rank 0's I/O; the steps already made reach MLflow within `flush_s` (default `timeouts.http_s`)."""
         if self.report is not None:
-            self.report.close()
+            self.report.close(flush_s)
         if self.groups is not None:
             self.groups.close()  # first: no S3 reads behind a closing role
         if self.weights is not None:
@@ -299,15 +311,26 @@ def main(argv: list[str] | None = None) -> None:
     ctx = RoleContext.from_args("training", args)
     if ctx.cfg.training.cpu_threads:
         torch.set_num_threads(ctx.cfg.training.cpu_threads)
-    # rank 0 alone beats the run's trainer heartbeat (the other roles exit when it says "failed" or goes silent);
-    # it starts before the model loads, so a slow start is not taken for a dead trainer
-    heartbeat = ctx.heartbeat() if rank == 0 else contextlib.nullcontext()
-    with heartbeat:
-        runner = TrainingRunner(ctx)
-        try:
-            runner.run()
-        finally:
-            runner.close()
+    signals = StopSignal()
+    signals.raise_in_main()  # SIGTERM/SIGINT: RoleStopped, once, wherever the main thread is
+    # rank 0 alone beats the run's trainer heartbeat (the other roles exit when it says "failed" or "stopped", or goes
+    # silent); it starts before the model loads, so a slow start is not taken for a dead trainer
+    heartbeat = ctx.heartbeat() if rank == 0 else None
+    try:
+        with heartbeat or contextlib.nullcontext():
+            runner = TrainingRunner(ctx)
+            try:
+                runner.run()
+            finally:
+                runner.close(STOP_FLUSH_S if signals.signum is not None else None)
+    except RoleStopped:
+        code = 128 + (signals.signum or 0)
+        if heartbeat is not None:  # rank 0: the run's record of the stop, and its MLflow run
+            code = signals.finish(ctx.store, ctx.paths, "training", args.id, heartbeat.stop)
+            if code:
+                bounded(lambda: end_tracking_killed(ctx.store, ctx.paths), "training: end the MLflow run as KILLED",
+                        STOP_S3_TIMEOUT_S)
+        raise SystemExit(code) from None
 
 
 if __name__ == "__main__":

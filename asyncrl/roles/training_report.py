@@ -229,6 +229,8 @@ class TrainingReport:
             self.reporter.flush(self.cfg.timeouts.http_s)
         self.ctx.store.put_json(self.ctx.paths.done(), {"version": version, "time": time.time()})
 
-    def close(self) -> None:
+    def close(self, flush_s: float | None = None) -> None:
+        """Stop the reporting thread once what is queued reached MLflow, or `flush_s` (default `timeouts.http_s`)
+        passed."""
         if self.reporter is not None:
-            self.reporter.close(self.cfg.timeouts.http_s)
+            self.reporter.close(self.cfg.timeouts.http_s if flush_s is None else flush_s)

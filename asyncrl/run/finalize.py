@@ -3,11 +3,13 @@ the MLflow run's end.
 
 `finalize` (the pipeline's exit step, `asyncrl.cluster.finalize`):
 1. writes the run's `done` marker (if absent), so every long-lived role exits by itself and frees its GPUs;
-2. records `final_status.json` (the pipeline's status, the last committed checkpoint version, the time) and, when
-   the trainer published a version, `run_summary.json` (`asyncrl.run.summary.training_summary`);
+2. records `final_status.json` (the pipeline's status as given, the outcome: "succeeded", "cancelled" or "failed"
+   by `asyncrl.run.documents.run_outcome`, with the MLflow status it maps to and the role stop that made it a
+   cancel, if any; the last committed checkpoint version, the time) and, when the trainer published a version,
+   `run_summary.json` (`asyncrl.run.summary.training_summary`);
 3. with MLflow tracking: registers the last committed checkpoint as a new version of the registered model
    `<experiment>-<config name>` (source: its S3 folder; a resumed run registers its new final one) and ends the
-   MLflow run as FINISHED or FAILED.
+   MLflow run as FINISHED, KILLED (cancelled) or FAILED.
 Idempotent: a retried finalize finds the marker, rewrites the status and registers nothing twice. `owns_run` says
 whether a pipeline run may end a run at all (a resumed run: only the pipeline run that resumed it last).
 `finish_tracking` ends an embedded run's MLflow run with the same status rule (`asyncrl.run.documents`).
@@ -20,7 +22,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config.load import config_from_json
-from asyncrl.run.documents import FINAL_STATUS, SUCCEEDED, current_attempt, mlflow_status
+from asyncrl.run.documents import FINAL_STATUS, OUTCOMES, current_attempt, mlflow_status, run_outcome
+from asyncrl.run.stop import read_stop
 from asyncrl.run.summary import SUMMARY, training_summary
 from asyncrl.storage.run_layout import RunPaths, run_url
 from asyncrl.storage.s3 import ObjectExists, S3Store
@@ -42,24 +45,31 @@ def finalize(store: S3Store, paths: RunPaths, status: str) -> dict[str, Any]:
     with contextlib.suppress(ObjectExists):  # the trainer (or an earlier finalize) may have ended the run already
         store.put_json(paths.done(), {"time": time.time(), "by": "finalize"}, if_absent=True)
     version = latest_committed_version(store, paths)
-    doc: dict[str, Any] = {"status": status, "final_version": version, "time": time.time()}
+    stopped = read_stop(store, paths)
+    trainer = store.get_json(paths.heartbeat("training", "0"))
+    outcome = run_outcome(status, stopped, trainer.get("state") if isinstance(trainer, dict) else None)
+    doc: dict[str, Any] = {"status": status, "outcome": outcome, "mlflow_status": OUTCOMES[outcome],
+                           "final_version": version, "time": time.time()}
+    if outcome == "cancelled" and stopped is not None:
+        doc["stopped"] = stopped
     raw = store.get_bytes(paths.config())
     cfg = config_from_json(raw.decode(), paths.config()) if raw is not None else None
     tracking = store.get_json(paths.tracking())
     if cfg is not None and isinstance(tracking, dict) and tracking.get("mlflow_run_id"):
         doc["registered_model"] = _register(tracking, cfg.tracking.experiment, cfg.name, store.bucket, paths,
-                                            version, status)
+                                            version, OUTCOMES[outcome])
     store.put_json(paths.file(FINAL_STATUS), doc)
     latest = store.get_json(paths.versions_latest())
     if cfg is not None and isinstance(latest, dict):
         url = run_url(store.bucket, paths.prefix, paths.run_id)
         store.put_json(paths.file(SUMMARY),
-                       {**training_summary(store, paths, url, cfg.training.steps, latest), "status": status})
+                       {**training_summary(store, paths, url, cfg.training.steps, latest), "status": status,
+                        "outcome": outcome})
     return doc
 
 
 def _register(tracking: dict[str, Any], experiment: str, name: str, bucket: str, paths: RunPaths,
-              version: int | None, status: str) -> dict[str, Any] | None:
+              version: int | None, mlflow_run_status: str) -> dict[str, Any] | None:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
@@ -75,7 +85,7 @@ def _register(tracking: dict[str, Any], experiment: str, name: str, bucket: str,
                     if v.run_id == run_id and v.source == source]  # a resumed run registers its new final one
         mv = existing[0] if existing else client.create_model_version(model, source, run_id=run_id)
         registered = {"name": model, "version": str(mv.version), "source": source}
-    client.set_terminated(run_id, status=mlflow_status(status in SUCCEEDED))
+    client.set_terminated(run_id, status=mlflow_run_status)
     return registered
 
 

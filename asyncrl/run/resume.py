@@ -4,7 +4,8 @@
 1. the run exists (its `config.json` under the same bucket/prefix);
 2. it is not finished: a `done` marker its trainer wrote refuses the resume; one that the pipeline's `finalize`
    exit step wrote (the pipeline failed or was cancelled: it ends a run so that no role keeps its GPUs) does not,
-   unless the recorded final status is a success;
+   unless the recorded final status is a success (`asyncrl.run.documents.ended_successfully`); a cancelled run
+   whose exit step never ran has no `done` marker at all;
 3. the configuration given equals the stored one, field by field after both are parsed (so defaults added by a
    newer asyncrl count as equal); only `training.steps` may differ, and only grow, and only when that leaves the
    derived `training.critic_warmup_steps` unchanged (AsyPPO derives its warm-up from the step count: a different
@@ -16,7 +17,8 @@ rewound to the newest committed checkpoint (its version, per-writer consumption 
 with empty cursors without one) before any role starts, so no role follows a version the crash lost. The trainer
 then loads that checkpoint and reads groups from exactly those cursors on: a group consumed in a lost step is
 trained on again once, none written before the crash is skipped. A finalize-written `done` and
-`final_status.json` are removed, a grown `training.steps` is written to `config.json`, and a pipeline run's
+`final_status.json` are removed, and so is the `stopped.json` of a cancelled attempt (`asyncrl.run.stop`; kept in
+the attempt's record as `previous_stop`), a grown `training.steps` is written to `config.json`, and a pipeline run's
 attempt is recorded in `resumes.json` (`{"current": <KFP run id>, "attempts": [...]}`), which `finalize` reads to
 know which pipeline run owns the run now. `reattach_tracking` sets the MLflow run back to RUNNING and tags it
 `asyncrl.resumed_from`; steps after the checkpoint are logged again.
@@ -35,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import ConfigError, RunConfig, config_from_json
 from asyncrl.config.load import config_from_dict
-from asyncrl.run.documents import FINAL_STATUS, RESUMES, SUCCEEDED
+from asyncrl.run.documents import FINAL_STATUS, RESUMES, STOPPED, ended_successfully
+from asyncrl.run.stop import read_stop
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
 
@@ -119,7 +122,7 @@ def check_not_finished(store: S3Store, paths: RunPaths, run_id: str) -> dict[str
                           f"to resume")
     final = store.get_json(paths.file(FINAL_STATUS))
     status = final.get("status") if isinstance(final, dict) else None
-    if status in SUCCEEDED:
+    if ended_successfully(final):
         raise ResumeError(f"run {run_id} is already done: its pipeline ended with status {status} "
                           f"({paths.file(FINAL_STATUS)}): nothing to resume")
     return {"done": done, "final_status": final}
@@ -161,9 +164,12 @@ def resume_run(store: S3Store, paths: RunPaths, cfg: RunConfig, *, asked_as: str
     if ended is not None:
         store.delete(paths.file(FINAL_STATUS))
         store.delete(paths.done())
+    stopped = read_stop(store, paths)  # the last attempt was cancelled (or a role evicted): kept in the record
+    if stopped is not None:
+        store.delete(paths.file(STOPPED))
     record: dict[str, Any] = {"kfp_run_id": attempt, "resumed_from": point.version,
                               "lost_steps": point.lost_steps, "cursors": point.cursors, "time": time.time(),
-                              "tags": dict(tags or {}), "previous_end": ended}
+                              "tags": dict(tags or {}), "previous_end": ended, "previous_stop": stopped}
     if grew:
         record["training_steps"] = {"stored": stored.get("training", {}).get("steps"), "now": cfg.training.steps}
     if attempt:
