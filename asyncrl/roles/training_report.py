@@ -6,7 +6,7 @@ trained counts, the run's counters, the weights' checksum, the weight group, met
 `StepReporter` thread (MLflow, the other roles' figures). MLflow gets them through a `SpoolingLog`: retried until
 `timeouts.http_s`, then kept in S3 under the run (`tracking/spool/`) and logged once MLflow is back, so an MLflow
 outage never stops training; its counters (`tracking/*`) go with every step's metrics, and once more at the last
-step after its own call (`finish`). `publish` is also called mid-step, when groups taken
+step after its own call when MLflow took that call (`finish`). `publish` is also called mid-step, when groups taken
 for the step were dropped as stale (see `TrainingRunner.collect`), and once the generation servers are connected.
 
 Invariants: `consumed` counts only groups taken by a step, never groups only read ahead; the counters of a resumed
@@ -240,8 +240,8 @@ class TrainingReport:
         ends the run then finds the spool complete."""
         if self.reporter is not None:
             self.reporter.flush(2 * self.log_call_s() + 5.0)  # the call under way, then the last one
-            if self.tracking is not None:  # the tracking counters once more, after the last step's call
-                self.reporter.submit(self.tracking.counters(), version, fresh=True)
+            if self.tracking is not None and not self.tracking.behind:  # MLflow is up: the tracking counters once
+                self.reporter.submit(self.tracking.counters(), version, fresh=True)  # more, after the last call
                 self.reporter.flush(self.log_call_s() + 5.0)
         self.ctx.store.put_json(self.ctx.paths.done(), {"version": version, "time": time.time()})
 

@@ -52,6 +52,11 @@ class SpoolingLog:
         self.failures_total = 0
         self._maybe_spooled = True  # until a replay found the spool empty (a crashed attempt may have left entries)
 
+    @property
+    def behind(self) -> bool:
+        """True while the spool may hold entries (MLflow failed since the last replay that emptied it)."""
+        return self._maybe_spooled
+
     def counters(self) -> dict[str, float]:
         return {"tracking/spooled_total": float(self.spooled_total),
                 "tracking/replayed_total": float(self.replayed_total),
