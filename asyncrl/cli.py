@@ -8,6 +8,7 @@
     asyncrl plan --gpus 64 --model-size 7e9 --median-tokens 3000 --max-tokens 32768
     asyncrl sandbox-check                                # what isolates a tool call on this host (asyncrl.sandbox)
     asyncrl compare [--experiment E] [--runs ID ...] [--metric M ...] [--x step|samples|wall_s]   # asyncrl.compare
+    asyncrl tracking replay --run-url s3://B/P/RUN [--end FINISHED]   # a run's leftover tracking spool to MLflow
 """
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ def _parser() -> argparse.ArgumentParser:
     from asyncrl.cluster.pipeline_cli import add_parser
     from asyncrl.compare.command import add_parser as add_compare_parser
     from asyncrl.sim.commands import add_parsers
+    from asyncrl.tracking.replay_command import add_parser as add_tracking_parser
 
     add_parsers(sub)
     add_parser(sub)
     add_compare_parser(sub)
+    add_tracking_parser(sub)
     return p
 
 
@@ -101,6 +104,14 @@ def main(argv: list[str] | None = None) -> None:
 
         pipeline_main(args)
         return
+    if args.command == "tracking":
+        from asyncrl.tracking.replay_command import main as tracking_main
+
+        try:
+            sys.exit(tracking_main(args))
+        except ValueError as err:
+            print(f"asyncrl tracking {args.tracking_command}: {err}", file=sys.stderr)
+            sys.exit(2)
     if args.command in ("simulate", "plan"):
         from asyncrl.sim.commands import run_plan, run_simulate
 

@@ -16,7 +16,9 @@ Invariants:
   metrics; the figures of a read go with exactly one step (the newest of that call);
 - a failure to read the figures or to log is logged as a warning and counted (`failures`: one per failed read,
   one per failed call), never raised into training (the figures of the failed read stay as they were); the steps
-  of a failed call are not retried;
+  of a failed call are not retried here: retrying, and keeping what MLflow does not take, is the log function's
+  (the trainer's is `asyncrl.tracking.spooling_log.SpoolingLog`, which raises only when MLflow refused the steps
+  or the spool could not be written);
 - `flush(timeout_s)` returns True once every step submitted before it is logged (or its call failed), False when
   its deadline passed first; `close()` flushes (bounded) and stops the thread; both are idempotent;
 - `external()` is a copy of the figures as last read ({} before the first read);

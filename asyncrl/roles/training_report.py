@@ -3,7 +3,10 @@
 The training role calls `after_step` after each step (never inside it; rank 0 alone has a report): it adds the
 step to the counters, builds the step's metrics, publishes `versions/latest.json` (version, per-writer consumed and
 trained counts, the run's counters, the weights' checksum, the weight group, metrics) and hands the metrics to the
-`StepReporter` thread (MLflow, the other roles' figures). `publish` is also called mid-step, when groups taken
+`StepReporter` thread (MLflow, the other roles' figures). MLflow gets them through a `SpoolingLog`: retried until
+`timeouts.http_s`, then kept in S3 under the run (`tracking/spool/`) and logged once MLflow is back, so an MLflow
+outage never stops training; its counters (`tracking/*`) go with every step's metrics, and once more at the last
+step after its own call when MLflow took that call (`finish`). `publish` is also called mid-step, when groups taken
 for the step were dropped as stale (see `TrainingRunner.collect`), and once the generation servers are connected.
 
 Invariants: `consumed` counts only groups taken by a step, never groups only read ahead; the counters of a resumed
@@ -24,7 +27,10 @@ from asyncrl.roles.role_metrics import read_role_metrics
 from asyncrl.roles.step_reporter import StepReporter
 from asyncrl.roles.weight_group import WeightGroup
 from asyncrl.storage.group_prefetch import GroupPrefetcher
+from asyncrl.tracking.mlflow_calls import REQUEST_TIMEOUT_S
 from asyncrl.tracking.mlflow_tracker import Tracker
+from asyncrl.tracking.spool import MetricSpool
+from asyncrl.tracking.spooling_log import SpoolingLog
 from asyncrl.training.policy import Snapshot
 from asyncrl.training.staleness import staleness_histogram, staleness_stats
 from asyncrl.types import Group
@@ -103,13 +109,23 @@ class TrainingReport:
         self.first_step = 0
         self.reporter: StepReporter | None = None
         self.eval_seen: set[int] = set()  # the evaluation points already handed to the reporter
+        self.tracking: SpoolingLog | None = None
 
     def start(self) -> None:
-        """Start the reporting thread (MLflow and the other roles' figures)."""
+        """Start the reporting thread (MLflow, through the spooling log, and the other roles' figures)."""
+        if self.tracker is not None:
+            self.tracking = SpoolingLog(self.tracker.log_steps, MetricSpool(self.ctx.store, self.ctx.paths),
+                                        deadline_s=self.cfg.timeouts.http_s)
         self.reporter = StepReporter(
-            self.external_metrics, self.tracker.log_steps if self.tracker is not None else None,
+            self.external_metrics, self.tracking,
             read_every_s=min(self.cfg.rollout.stats_interval_s, self.cfg.timeouts.heartbeat_s),
             log_every_s=REPORT_EVERY_S)
+
+    def log_call_s(self) -> float:
+        """The longest one MLflow call of the reporter takes: the retry deadline, the request in flight when it
+        passes, and a spool write to S3 (its own retry deadline)."""
+        t = self.cfg.timeouts
+        return t.http_s + REQUEST_TIMEOUT_S + t.storage_s
 
     def after_step(self, r: StepResult) -> dict[str, float]:
         """Count step `r` in, publish its metrics in `versions/latest.json`, queue them for MLflow; the metrics."""
@@ -172,6 +188,8 @@ class TrainingReport:
         for lag, count in staleness_histogram(kept, step, self.cfg.rollout.async_ratio).items():
             metrics[f"staleness/hist_{lag}"] = float(count)
         metrics.update(self.weights.metrics())
+        if self.tracking is not None:
+            metrics.update(self.tracking.counters())
         return metrics
 
     def external_metrics(self) -> dict[str, float]:
@@ -224,13 +242,17 @@ class TrainingReport:
         return c
 
     def finish(self, version: int) -> None:
-        """Every step in MLflow, then the run's `done` marker."""
+        """Every step in MLflow (or in the tracking spool, MLflow being down), then the run's `done` marker: whoever
+        ends the run then finds the spool complete."""
         if self.reporter is not None:
-            self.reporter.flush(self.cfg.timeouts.http_s)
+            self.reporter.flush(2 * self.log_call_s() + 5.0)  # the call under way, then the last one
+            if self.tracking is not None and not self.tracking.behind:  # MLflow is up: the tracking counters once
+                self.reporter.submit(self.tracking.counters(), version, fresh=True)  # more, after the last call
+                self.reporter.flush(self.log_call_s() + 5.0)
         self.ctx.store.put_json(self.ctx.paths.done(), {"version": version, "time": time.time()})
 
     def close(self, flush_s: float | None = None) -> None:
-        """Stop the reporting thread once what is queued reached MLflow, or `flush_s` (default `timeouts.http_s`)
-        passed."""
+        """Stop the reporting thread once what is queued reached MLflow (or the tracking spool), or `flush_s`
+        (default: one logging call's deadline) passed."""
         if self.reporter is not None:
-            self.reporter.close(self.cfg.timeouts.http_s if flush_s is None else flush_s)
+            self.reporter.close(self.log_call_s() + 5.0 if flush_s is None else flush_s)

@@ -9,7 +9,9 @@ the MLflow run's end.
    `run_summary.json` (`asyncrl.run.summary.training_summary`);
 3. with MLflow tracking: registers the last committed checkpoint as a new version of the registered model
    `<experiment>-<config name>` (source: its S3 folder; a resumed run registers its new final one) and ends the
-   MLflow run as FINISHED, KILLED (cancelled) or FAILED.
+   MLflow run as FINISHED, KILLED (cancelled) or FAILED, after replaying the run's tracking spool
+   (`asyncrl.tracking.spooling_log`); with MLflow unavailable, `final_status.json` says so (`tracking_error`,
+   `tracking_spool_left`) and is written all the same.
 Idempotent: a retried finalize finds the marker, rewrites the status and registers nothing twice. `owns_run` says
 whether a pipeline run may end a run at all (a resumed run: only the pipeline run that resumed it last).
 `finish_tracking` ends an embedded run's MLflow run with the same status rule (`asyncrl.run.documents`).
@@ -18,18 +20,21 @@ whether a pipeline run may end a run at all (a resumed run: only the pipeline ru
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config.load import config_from_json
 from asyncrl.run.documents import FINAL_STATUS, OUTCOMES, current_attempt, mlflow_status, run_outcome
 from asyncrl.run.stop import read_stop
-from asyncrl.run.summary import SUMMARY, training_summary
+from asyncrl.run.summary import SUMMARY, TRACKING_DEADLINE_S, training_summary
 from asyncrl.storage.run_layout import RunPaths, run_url
 from asyncrl.storage.s3 import ObjectExists, S3Store
 
 if TYPE_CHECKING:
     from asyncrl.tracking.mlflow_tracker import Tracker
+
+log = logging.getLogger(__name__)
 
 
 def owns_run(store: S3Store, paths: RunPaths, kfp_run_id: str) -> bool:
@@ -56,8 +61,8 @@ def finalize(store: S3Store, paths: RunPaths, status: str) -> dict[str, Any]:
     cfg = config_from_json(raw.decode(), paths.config()) if raw is not None else None
     tracking = store.get_json(paths.tracking())
     if cfg is not None and isinstance(tracking, dict) and tracking.get("mlflow_run_id"):
-        doc["registered_model"] = _register(tracking, cfg.tracking.experiment, cfg.name, store.bucket, paths,
-                                            version, OUTCOMES[outcome])
+        doc.update(_end_tracking(store, paths, tracking, cfg.tracking.experiment, cfg.name, version,
+                                 OUTCOMES[outcome]))
     store.put_json(paths.file(FINAL_STATUS), doc)
     latest = store.get_json(paths.versions_latest())
     if cfg is not None and isinstance(latest, dict):
@@ -89,7 +94,36 @@ def _register(tracking: dict[str, Any], experiment: str, name: str, bucket: str,
     return registered
 
 
+def _end_tracking(store: S3Store, paths: RunPaths, tracking: dict[str, Any], experiment: str, name: str,
+                  version: int | None, mlflow_run_status: str) -> dict[str, Any]:
+    """The tracking spool replayed, the model registered, the MLflow run ended: what goes into final_status.json.
+    MLflow unavailable: `tracking_error` says so and the spool stays in S3 (`tracking_spool_left` entries)."""
+    from asyncrl.tracking.mlflow_calls import bound_http_requests, retry_until
+    from asyncrl.tracking.spooling_log import replay_run_spool
+
+    bound_http_requests()
+    out: dict[str, Any] = {"tracking_spool_left": replay_run_spool(store, paths, tracking, TRACKING_DEADLINE_S)["left"]}
+    try:
+        out["registered_model"] = retry_until(
+            lambda: _register(tracking, experiment, name, store.bucket, paths, version, mlflow_run_status),
+            time.monotonic() + TRACKING_DEADLINE_S, "MLflow: registering the model and ending the run")
+    except Exception as err:  # MLflow down (or refusing) must not lose the final status
+        log.warning("MLflow unavailable at the run's end (%s): model not registered, MLflow run not ended", err)
+        out["tracking_error"] = str(err).splitlines()[0][:500]
+    return out
+
+
 def finish_tracking(tracker: Tracker | None, succeeded: bool) -> None:
-    """End a run's MLflow run (embedded: the launcher's own tracker) as FINISHED or FAILED."""
-    if tracker is not None:
-        tracker.finish(mlflow_status(succeeded))
+    """End a run's MLflow run (embedded: the launcher's own tracker) as FINISHED or FAILED, retried until
+    TRACKING_DEADLINE_S; MLflow still unavailable: a warning (the run stays RUNNING in MLflow; `asyncrl tracking
+    replay --end STATUS` ends it later), never an error."""
+    if tracker is None:
+        return
+    from asyncrl.tracking.mlflow_calls import retry_until
+
+    try:
+        retry_until(lambda: tracker.finish(mlflow_status(succeeded)), time.monotonic() + TRACKING_DEADLINE_S,
+                    "MLflow: ending the run")
+    except Exception as err:  # the run's end goes on: its status is in S3
+        log.warning("MLflow run %s not ended (%s): end it later with `asyncrl tracking replay --end %s`",
+                    tracker.run_id, err, mlflow_status(succeeded))

@@ -3,7 +3,8 @@
 `training_summary` reads it from the trainer's last `versions/latest.json` (samples trained and dropped, staleness,
 throughput, where every group object went); the embedded launcher adds its evaluations, wall times and the
 servers' weight checksums, and `publish_summary` writes it to the run folder, S3 (`<run>/run_summary.json`) and
-MLflow (its numbers as metrics at the final version, the document as an artifact). The pipeline's `finalize` step
+MLflow (its numbers as metrics at the final version, the document as an artifact; MLflow gets the run's tracking
+spool first, and what it cannot take stays spooled: `asyncrl.tracking.spooling_log`). The pipeline's `finalize` step
 writes the same training summary for a cluster run. `final_group` and `weights_in_sync` read the trainer's last
 weight group: the servers that hold the final weights, and whether they match the trainer's checksum.
 """
@@ -11,6 +12,8 @@ weight group: the servers that hold the final weights, and whether they match th
 from __future__ import annotations
 
 import json
+import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -23,7 +26,30 @@ from asyncrl.weights.buckets import checksums_match
 if TYPE_CHECKING:
     from asyncrl.tracking.mlflow_tracker import Tracker
 
+log = logging.getLogger(__name__)
 SUMMARY = "run_summary.json"
+TRACKING_DEADLINE_S = 60.0  # the run's end: MLflow's retries for the spool's replay and the summary
+
+
+def _log_summary(store: S3Store, paths: RunPaths, summary: dict[str, Any], tracker: Tracker, deadline_s: float) -> None:
+    """The summary's numbers (after the spool) and the document to MLflow; `tracking_spool_left` added to it."""
+    from asyncrl.tracking.mlflow_calls import retry_until
+    from asyncrl.tracking.spool import MetricSpool
+    from asyncrl.tracking.spooling_log import SpoolingLog
+
+    spool = MetricSpool(store, paths)
+    numbers = {k: float(v) for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    SpoolingLog(tracker.log_steps, spool, deadline_s)([(numbers, summary["final_version"], int(time.time() * 1000))])
+    summary["tracking_spool_left"] = len(spool.keys())
+    try:  # MLflow just failed for a whole deadline (entries left): one try, not another deadline
+        retry_until(lambda: tracker.log_dict(summary, SUMMARY),
+                    time.monotonic() + (0.0 if summary["tracking_spool_left"] else deadline_s), "MLflow: summary")
+    except Exception as err:  # the document is in S3 (and the run folder) all the same
+        log.warning("MLflow did not take %s as an artifact (%s); it is in S3 under the run", SUMMARY, err)
+    if summary["tracking_spool_left"]:
+        log.warning("MLflow unavailable: %d tracking spool entr%s left in S3 under %s; `asyncrl tracking replay "
+                    "--run-url %s` logs them later", summary["tracking_spool_left"],
+                    "y" if summary["tracking_spool_left"] == 1 else "ies", spool.prefix, summary.get("run_url", ""))
 
 
 def group_accounting(store: S3Store, paths: RunPaths, latest: dict[str, Any]) -> dict[str, int]:
@@ -86,13 +112,13 @@ def weights_in_sync(checksums: list[dict[str, Any]], latest: dict[str, Any]) -> 
 
 
 def publish_summary(store: S3Store, paths: RunPaths, summary: dict[str, Any], tracker: Tracker | None,
-                    folder: Path | None = None) -> None:
+                    folder: Path | None = None, tracking_deadline_s: float = TRACKING_DEADLINE_S) -> None:
     """Write `summary` to MLflow (numbers as metrics at its final version, the document as an artifact), to
-    `folder/run_summary.json` when given, and to S3 (`<run>/run_summary.json`)."""
+    `folder/run_summary.json` when given, and to S3 (`<run>/run_summary.json`). MLflow first gets what the run's
+    tracking spool still holds; whatever it does not take within `tracking_deadline_s` stays spooled (the summary's
+    numbers too), the count in `tracking_spool_left` (0: MLflow has everything)."""
     if tracker is not None:
-        tracker.log_metrics({k: float(v) for k, v in summary.items()
-                             if isinstance(v, int | float) and not isinstance(v, bool)}, step=summary["final_version"])
-        tracker.log_dict(summary, SUMMARY)
+        _log_summary(store, paths, summary, tracker, tracking_deadline_s)
     if folder is not None:
         (folder / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
     store.put_json(paths.file(SUMMARY), summary)

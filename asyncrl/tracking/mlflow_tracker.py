@@ -5,6 +5,9 @@ several processes (trainer, environment, ...) log to the same run by `Tracker.at
 Embedded mode uses one `sqlite:///<runs folder>/mlflow.db` for every local run (so runs compare side by side), with artifacts in
 `<runs folder>/artifacts` (set as the experiment's artifact location when the experiment is created).
 
+Every tracker bounds the client's HTTP requests first (`asyncrl.tracking.mlflow_calls.bound_http_requests`: no
+retries inside the client, a per-request timeout), so that callers put their own deadline on each call.
+
 Invariants: parameters are flattened to `section.key` strings and any key that looks like a secret
 is dropped before anything is sent (`flatten_params`); metric values are finite-or-NaN floats; every
 batch respects MLflow's per-request limits.
@@ -25,6 +28,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
 from asyncrl.secret_names import is_secret_key
+from asyncrl.tracking.mlflow_calls import bound_http_requests, transient
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +102,7 @@ class Tracker:
     """Logs to one MLflow run through an explicit client. Safe to use from several processes."""
 
     def __init__(self, client: MlflowClient, run_id: str, tracking_uri: str) -> None:
+        bound_http_requests()  # the client reads it at each request
         self.client = client
         self.run_id = run_id
         self.tracking_uri = tracking_uri
@@ -124,6 +129,7 @@ class Tracker:
         if not tracking_uri:
             raise ValueError("tracking_uri: expected an MLflow tracking URI, got ''")
         t0 = time.monotonic()
+        bound_http_requests()
         client = MlflowClient(tracking_uri=tracking_uri)
         exp_id = _experiment_id(client, experiment, _artifact_uri(artifact_root) or _default_artifact_location(tracking_uri))
         run = client.create_run(exp_id, run_name=run_name, tags={k: str(v) for k, v in (tags or {}).items()})
@@ -135,13 +141,24 @@ class Tracker:
 
     @classmethod
     def attach(cls, tracking_uri: str, run_id: str) -> Tracker:
-        """A tracker on an existing run (another process's); error if the run does not exist."""
-        client = MlflowClient(tracking_uri=tracking_uri)
+        """A tracker on an existing run (another process's); error if MLflow says the run does not exist. An MLflow
+        that cannot be reached now is only a warning: the tracker's calls fail (and its callers retry or spool)
+        until it is back."""
+        tracker = cls.for_run(tracking_uri, run_id)
         try:
-            client.get_run(run_id)
+            tracker.client.get_run(run_id)
         except MlflowException as e:
-            raise ValueError(f"MLflow run {run_id!r} not found at {tracking_uri}: {e.message}") from e
-        return cls(client, run_id, tracking_uri)
+            if not transient(e):
+                raise ValueError(f"MLflow run {run_id!r} not found at {tracking_uri}: {e.message}") from e
+            log.warning("MLflow at %s unavailable (%s): run %s not checked", tracking_uri,
+                        str(e.message).splitlines()[0][:200], run_id)
+        return tracker
+
+    @classmethod
+    def for_run(cls, tracking_uri: str, run_id: str) -> Tracker:
+        """A tracker on run `run_id`, without asking MLflow anything (see `attach`)."""
+        bound_http_requests()
+        return cls(MlflowClient(tracking_uri=tracking_uri), run_id, tracking_uri)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         items = [Param(k, v) for k, v in sorted(flatten_params(params).items())]

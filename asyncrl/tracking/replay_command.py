@@ -1,0 +1,59 @@
+"""`asyncrl tracking replay --run-url s3://BUCKET/PREFIX/RUN_ID [--end STATUS]`: log a run's leftover tracking spool.
+
+When MLflow was still unavailable at a run's end, the metrics it did not take stay in S3 under the run
+(`tracking/spool/`, `asyncrl.tracking.spool`); this command replays them, oldest first, into the MLflow run the
+run's `tracking.json` names, deleting each entry once MLflow took it. `--end FINISHED|FAILED|KILLED` then ends the
+MLflow run (a run whose end MLflow missed stays RUNNING there). The S3 endpoint and credentials come from the
+environment (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`), as for every role. Prints one JSON
+line ({"replayed": steps, "left": entries, "failures": failed attempts}); exit status 1 when entries are left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+STATUSES = ("FINISHED", "FAILED", "KILLED")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tracking", help="the runs' MLflow tracking: replay a run's tracking spool")
+    actions = p.add_subparsers(dest="tracking_command", required=True)
+    r = actions.add_parser("replay", help="log the metrics a run kept in S3 while MLflow was unavailable")
+    r.add_argument("--run-url", required=True, help="s3://BUCKET/PREFIX/RUN_ID of the run")
+    r.add_argument("--deadline-s", type=float, default=120.0,
+                   help="how long MLflow calls are retried before giving up (default 120)")
+    r.add_argument("--end", choices=STATUSES, default="", help="then end the MLflow run with this status")
+    r.add_argument("--log-level", default=os.environ.get("ASYNCRL_LOG_LEVEL", "INFO"))
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `asyncrl tracking replay`; the exit status. (Imports here: building the CLI's parser imports no MLflow.)"""
+    from asyncrl.storage.run_layout import RunPaths, parse_run_url
+    from asyncrl.storage.s3 import S3Store
+    from asyncrl.tracking.mlflow_calls import retry_until
+    from asyncrl.tracking.spooling_log import replay_run_spool
+
+    if args.deadline_s <= 0:
+        raise ValueError(f"--deadline-s: expected a positive number of seconds, got {args.deadline_s}")
+    endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
+    if not endpoint:
+        raise ValueError("AWS_ENDPOINT_URL is not set: expected the S3 endpoint of the run")
+    bucket, prefix, run_id = parse_run_url(args.run_url)
+    store = S3Store(endpoint, bucket, timeout_s=30.0)
+    paths = RunPaths(prefix, run_id)
+    tracking = store.get_json(paths.tracking())
+    if not isinstance(tracking, dict) or not tracking.get("mlflow_run_id"):
+        raise ValueError(f"{args.run_url}/tracking.json: expected the run's MLflow tracking document "
+                         "(tracking_uri, mlflow_run_id); the run is not tracked or does not exist")
+    result = replay_run_spool(store, paths, tracking, args.deadline_s)
+    if args.end and not result["left"]:
+        from asyncrl.tracking.mlflow_tracker import Tracker
+
+        tracker = Tracker.for_run(str(tracking["tracking_uri"]), str(tracking["mlflow_run_id"]))
+        retry_until(lambda: tracker.finish(args.end), time.monotonic() + args.deadline_s, "MLflow: ending the run")
+        result["ended"] = args.end
+    print(json.dumps(result))
+    return 1 if result["left"] else 0
