@@ -2,6 +2,11 @@
 
     asyncrl pipeline compile            # writes asyncrl/cluster/pipeline/asyncrl.yaml (committed; a test checks it is current)
 
+Parameters (the KFP UI's run form; each described by the pipeline function's docstring `Args:`): the config
+fields are optional without a default (left empty, the configuration's value stands), the pod-shaping ones are
+authoritative, the image defaults come from `asyncrl pipeline compile --registry R --tag T` (the committed YAML:
+no registry, tag dev). The one precedence rule is `asyncrl.cluster.setup_config`'s; see docs/pipeline_form.md.
+
 Graph: `finalize` is the `dsl.ExitHandler` exit task around everything, so it runs whether the run succeeded,
 failed or was cancelled: it writes the `done` marker (every role exits by itself, so no GPU stays held), records
 the final status and registers the final model in MLflow. Inside: `setup` validates the configuration and writes it
