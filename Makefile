@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint unit build-model bench compare bench-efficiency bench-control-plane calibrate stability credit-overhead agentic agentic-bench faults images push-images clean
+.PHONY: install run test lint unit build-model bench compare bench-efficiency bench-control-plane calibrate stability credit-overhead agentic agentic-bench faults images push-images pipeline-upload clean
 
 install: $(STAMP)
 
@@ -86,22 +86,32 @@ faults: install
 	ASYNCRL_FAULT_RESULTS=benchmarks/results/faults $(PY) -m pytest -q -s tests/faults
 
 # Container images (docker/README.md): build from the repository root and tag with the git revision.
-# REGISTRY (e.g. registry.example.com/team/, with the trailing slash) prefixes the names for push-images.
+# REGISTRY (e.g. registry.example.com/team, trailing slash optional) prefixes the names for push-images. The same
+# REGISTRY and TAG give the pipeline its image defaults: `make pipeline-upload` runs `asyncrl pipeline upload
+# --registry $(REGISTRY) --tag $(TAG)`, whose --tag also defaults to `git rev-parse --short HEAD`
+# (asyncrl/cluster/pipeline/images.py); KFP_ARGS adds flags (--host, --namespace, ...).
 TAG ?= $(shell git rev-parse --short HEAD)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 DOCKER ?= docker
 REGISTRY ?=
+REGISTRY_PREFIX = $(if $(strip $(REGISTRY)),$(patsubst %/,%,$(strip $(REGISTRY)))/,)
 IMAGES := generation training light
+KFP_ARGS ?=
 images:
 	@command -v $(DOCKER) >/dev/null 2>&1 || { echo "make images: '$(DOCKER)' is not on PATH: install Docker (or set DOCKER=podman) to build the images" >&2; exit 1; }
 	@$(DOCKER) buildx version >/dev/null 2>&1 || { echo "make images: '$(DOCKER) buildx' (BuildKit) is missing: the Dockerfiles use COPY --chmod and per-Dockerfile .dockerignore files" >&2; exit 1; }
 	@test -n "$(TAG)" || { echo "make images: TAG is empty: set TAG=... (no git revision found)" >&2; exit 1; }
-	for i in $(IMAGES); do DOCKER_BUILDKIT=1 $(DOCKER) build --build-arg GIT_REVISION=$(REVISION) -f docker/$$i.Dockerfile -t $(REGISTRY)asyncrl-$$i:$(TAG) . || exit 1; done
+	for i in $(IMAGES); do DOCKER_BUILDKIT=1 $(DOCKER) build --build-arg GIT_REVISION=$(REVISION) -f docker/$$i.Dockerfile -t $(REGISTRY_PREFIX)asyncrl-$$i:$(TAG) . || exit 1; done
 
 push-images:
-	@test -n "$(REGISTRY)" || { echo "make push-images: REGISTRY is empty: set REGISTRY=registry.example.com/team/ (a registry the cluster pulls from)" >&2; exit 1; }
+	@test -n "$(REGISTRY)" || { echo "make push-images: REGISTRY is empty: set REGISTRY=registry.example.com/team (a registry the cluster pulls from)" >&2; exit 1; }
 	$(MAKE) images REGISTRY=$(REGISTRY) TAG=$(TAG)
-	for i in $(IMAGES); do $(DOCKER) push $(REGISTRY)asyncrl-$$i:$(TAG) || exit 1; done
+	for i in $(IMAGES); do $(DOCKER) push $(REGISTRY_PREFIX)asyncrl-$$i:$(TAG) || exit 1; done
+
+# A new version of the pipeline (named git-<sha>[-dirty]) whose image defaults are what push-images pushed.
+pipeline-upload: $(STAMP)
+	@test -n "$(REGISTRY)" || { echo "make pipeline-upload: REGISTRY is empty: set the REGISTRY push-images pushed to" >&2; exit 1; }
+	$(PY) -m asyncrl.cli pipeline upload --registry "$(REGISTRY)" --tag "$(TAG)" $(KFP_ARGS)
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

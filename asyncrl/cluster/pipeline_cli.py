@@ -1,36 +1,57 @@
 """`asyncrl pipeline compile|upload|run|rehearse`: the user's commands for Kubeflow Pipelines, through `kfp`.
 
-    asyncrl pipeline compile [--out asyncrl/cluster/pipeline/asyncrl.yaml] [--pod-layout layout.yaml]
-    asyncrl pipeline upload --host URL [--name asyncrl] [--version V]      # a new pipeline, or a new version of it
-    asyncrl pipeline run --host URL [--experiment asyncrl] [--config run.yaml] [--param k=v ...] [--set s.k=v ...]
-    asyncrl pipeline rehearse [--pipeline asyncrl/cluster/pipeline/asyncrl.yaml] [--param k=v ...] [--set s.k=v ...]
-                              [--workdir D]
+    asyncrl pipeline compile                                   # the committed YAML (images asyncrl-*:dev)
+    asyncrl pipeline compile --registry R [--tag T] [--out F]  # image defaults R/asyncrl-*:T (T: the git revision)
+    asyncrl pipeline compile ... --pod-layout layout.yaml     # the pods' compile-time settings (pods.PodLayout)
+    asyncrl pipeline upload --host URL --registry R [--tag T] [--name asyncrl] [--version V] [--namespace NS]
+                              # compiles with those images, uploads version V (default git-<sha>[-dirty])
+    asyncrl pipeline run --host URL [--name asyncrl] [--version V | --upload --registry R [--tag T]]
+                         [--experiment asyncrl] [--namespace NS] [--config run.yaml] [--param k=v ...] [--set s.k=v]
+    asyncrl pipeline rehearse [--pipeline asyncrl/cluster/pipeline/asyncrl.yaml] [--config run.yaml]
+                              [--param k=v ...] [--set s.k=v ...] [--workdir D]
                               # the compiled tasks' exact commands as local processes (asyncrl.cluster.rehearsal)
 
-The host is the KFP API endpoint (e.g. http://localhost:8080 after `kubectl port-forward svc/ml-pipeline-ui`).
-Credentials: a bearer token from the file named by KF_PIPELINES_SA_TOKEN_PATH or the variable KFP_TOKEN (never a
-command-line value, so it stays out of shell history and process lists). An unreachable host, missing or rejected
-credentials, or an unknown parameter is a clear error (exit 2); nothing is uploaded or started then.
+The images: `make push-images REGISTRY=R [TAG=T]` pushes `R/asyncrl-<name>:T`, T defaulting to
+`git rev-parse --short HEAD`, exactly what `--registry R [--tag T]` writes as the image parameters' defaults
+(`asyncrl.cluster.pipeline.images`). The host is the KFP API endpoint (e.g. http://localhost:8080 after
+`kubectl port-forward svc/ml-pipeline-ui`). Credentials: a bearer token from the file named by
+KF_PIPELINES_SA_TOKEN_PATH or the variable KFP_TOKEN (never a command-line value). An unreachable host, missing or
+rejected credentials, an unknown pipeline, version or parameter is a clear error (exit 2); nothing is uploaded or
+started then. `--config` passes the YAML as `config_yaml` and nothing else: the form's config fields stay empty,
+so the configuration's values stand (docs/pipeline_form.md).
 """
+
+from __future__ import annotations
 
 import argparse
 import json
 import os
 import sys
-import threading
+import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from asyncrl.cluster.pipeline import COMPILED
+from asyncrl.cluster.pipeline.images import (
+    COMMITTED_REGISTRY,
+    COMMITTED_TAG,
+    RevisionError,
+    git_is_dirty,
+    git_short_revision,
+    image_refs,
+    version_name,
+)
 
-DEFAULT_YAML = COMPILED  # asyncrl/cluster/pipeline/asyncrl.yaml
+DEFAULT_YAML = COMPILED  # asyncrl/cluster/pipeline/asyncrl.yaml, compiled with the committed image flags
+BUILD_DIR = Path("build")
 
 
-def compile_pipeline(out: Path = DEFAULT_YAML, pod_layout: Path | None = None) -> Path:
-    """Compile asyncrl/cluster/pipeline/definition.py to `out` (KFP IR YAML); with `pod_layout`, a YAML file of
-    `asyncrl.cluster.pipeline.pods.PodLayout` fields (cache volume, /dev/shm size, Kueue queue and pod group)."""
+def compile_pipeline(out: Path = DEFAULT_YAML, registry: str = COMMITTED_REGISTRY,
+                     tag: str = COMMITTED_TAG, pod_layout: Path | None = None) -> Path:
+    """Compile asyncrl/cluster/pipeline/definition.py to `out` (KFP IR YAML), the image parameters defaulting
+    to `<registry>/asyncrl-<name>:<tag>`; with `pod_layout`, a YAML file of `asyncrl.cluster.pipeline.pods.PodLayout`
+    fields (cache volume, /dev/shm size, Kueue queue and pod group)."""
     from kfp import compiler
 
     from asyncrl.cluster.pipeline import pods
@@ -39,7 +60,7 @@ def compile_pipeline(out: Path = DEFAULT_YAML, pod_layout: Path | None = None) -
     pipeline = asyncrl_pipeline if pod_layout is None else pods.with_layout(asyncrl_pipeline,
                                                                              pods.load_layout(pod_layout))
     out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(pipeline, str(out))
+    compiler.Compiler().compile(pipeline, str(out), pipeline_parameters=image_refs(registry, tag))
     return out
 
 
@@ -48,56 +69,53 @@ def _fail(message: str) -> None:
     sys.exit(2)
 
 
-def _with_deadline(what: str, host: str, timeout_s: float, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """`fn(*args, **kwargs)` with a deadline: the kfp client has none of its own (its HTTP calls wait forever on a
-    host that accepts connections but never answers, and its health check retries). The call runs in a daemon
-    thread; past the deadline the command fails clearly and the thread is abandoned with the process."""
-    result: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            result["value"] = fn(*args, **kwargs)
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
-            result["error"] = err
-
-    worker = threading.Thread(target=target, name=f"kfp-{what}", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
-        _fail(f"{what}: no answer from the Kubeflow Pipelines API at {host} within {timeout_s:g}s (--api-timeout)")
-    if "error" in result:
-        raise result["error"]
-    return result.get("value")
-
-
-def _client(host: str, timeout_s: float) -> Any:
-    import kfp
-
-    token = os.environ.get("KFP_TOKEN", "")
-    path = os.environ.get("KF_PIPELINES_SA_TOKEN_PATH", "")
-    if not token and path:
-        if not Path(path).is_file():
-            _fail(f"KF_PIPELINES_SA_TOKEN_PATH={path}: no such token file")
-        token = Path(path).read_text().strip()
-
-    def connect() -> Any:
-        client = kfp.Client(host=host, existing_token=token or None)
-        client.get_kfp_healthz(sleep_duration=1)
-        return client
-
+def _images(args: argparse.Namespace) -> tuple[str, str]:
+    """(registry, tag) from --registry/--tag: the tag defaults to the git revision, as `make push-images`'s."""
+    registry = args.registry if args.registry is not None else COMMITTED_REGISTRY
+    if args.tag:
+        return registry, args.tag
     try:
-        return _with_deadline("connect", host, timeout_s, connect)
-    except Exception as err:  # noqa: BLE001 - every way of not reaching the API ends in the same clear error
-        text = str(err)
-        if any(code in text for code in ("401", "403", "Unauthorized", "Forbidden")):
-            _fail(f"the Kubeflow Pipelines API at {host} rejected the credentials: set KFP_TOKEN or "
-                  f"KF_PIPELINES_SA_TOKEN_PATH to a valid token ({text.splitlines()[0][:200]})")
-        _fail(f"cannot reach the Kubeflow Pipelines API at {host}: {text.splitlines()[0][:300] if text else err!r}")
+        return registry, git_short_revision()
+    except RevisionError as err:
+        _fail(f"--tag: not given and no git revision to default to ({err}); pass the tag `make push-images` used")
+    raise AssertionError  # unreachable: _fail exits
 
 
-def _params(args: argparse.Namespace) -> dict[str, Any]:
-    """Pipeline arguments: --config (YAML text as config_yaml), --param k=v (JSON-decoded when possible), --set."""
-    known = _pipeline_inputs(Path(args.pipeline) if args.action == "rehearse" else DEFAULT_YAML)
+def _compile_for(args: argparse.Namespace, out: Path) -> tuple[Path, dict[str, str]]:
+    registry, tag = _images(args)
+    try:
+        refs = image_refs(registry, tag)
+    except ValueError as err:
+        _fail(str(err))
+    layout = Path(args.pod_layout) if getattr(args, "pod_layout", "") else None
+    try:
+        return compile_pipeline(out, registry, tag, layout), refs
+    except ValueError as err:
+        _fail(f"--pod-layout {err}")
+    raise AssertionError  # unreachable: _fail exits
+
+
+def _version(args: argparse.Namespace) -> str:
+    if args.version:
+        return args.version
+    try:
+        return version_name()
+    except RevisionError as err:
+        _fail(f"--version: not given and no git revision to name it by ({err}); pass --version")
+    raise AssertionError  # unreachable
+
+
+def _pipeline_inputs(path: Path = DEFAULT_YAML) -> dict[str, str]:
+    import yaml
+
+    doc = next(yaml.safe_load_all(path.read_text()))  # the pipeline spec; the platform spec follows
+    return {k: v["parameterType"] for k, v in doc["root"]["inputDefinitions"]["parameters"].items()}
+
+
+def _params(args: argparse.Namespace, pipeline: Path) -> dict[str, Any]:
+    """Pipeline arguments: --config (YAML text as config_yaml), --param k=v (JSON-decoded when possible), --set.
+    Only what is given: a form field not given stays empty, so the configuration's value stands."""
+    known = _pipeline_inputs(pipeline)
     params: dict[str, Any] = {}
     if args.config:
         path = Path(args.config)
@@ -123,46 +141,54 @@ def _params(args: argparse.Namespace) -> dict[str, Any]:
     return params
 
 
-def _pipeline_inputs(path: Path = DEFAULT_YAML) -> dict[str, str]:
-    import yaml
+def _describe(refs: dict[str, str], version: str) -> str:
+    return f"asyncrl {version}; images: " + ", ".join(f"{k}={v}" for k, v in sorted(refs.items()))
 
-    doc = next(yaml.safe_load_all(path.read_text()))  # the pipeline spec; the platform spec follows
-    return {k: v["parameterType"] for k, v in doc["root"]["inputDefinitions"]["parameters"].items()}
+
+def _upload(api: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Compile with --registry/--tag into a temporary file and upload it as a version of --name."""
+    from asyncrl.cluster.pipeline_api import upload_version
+
+    version = _version(args)
+    with tempfile.TemporaryDirectory(prefix="asyncrl-pipeline-") as tmp:
+        package, refs = _compile_for(args, Path(tmp) / "asyncrl.yaml")
+        clean = not args.version and not git_is_dirty()
+        out = upload_version(api, package, args.name, version, _describe(refs, version), reuse_same=clean)
+    return {**out, "name": args.name, "images": refs}
 
 
 def main(args: argparse.Namespace) -> None:
     if args.action == "compile":
-        try:
-            out = compile_pipeline(Path(args.out), Path(args.pod_layout) if args.pod_layout else None)
-        except ValueError as err:
-            _fail(f"--pod-layout {err}")
-        print(f"wrote {out}")
+        committed = args.registry is None and not args.tag
+        out = Path(args.out) if args.out else DEFAULT_YAML if committed and not args.pod_layout \
+            else BUILD_DIR / "asyncrl.yaml"
+        path, refs = (compile_pipeline(out), image_refs(COMMITTED_REGISTRY, COMMITTED_TAG)) if committed \
+            and not args.pod_layout else _compile_for(args, out)
+        print(json.dumps({"wrote": str(path), "images": refs}))
         return
     if args.action == "rehearse":
         _rehearse(args)
         return
-    if not DEFAULT_YAML.is_file():
-        _fail(f"{DEFAULT_YAML}: not compiled yet; run `asyncrl pipeline compile`")
-    host, deadline = args.host, args.api_timeout
-    if args.action == "upload":
-        client = _client(host, deadline)
-        existing = _with_deadline("get_pipeline_id", host, deadline, client.get_pipeline_id, args.name)
-        if existing is None:
-            p = _with_deadline("upload_pipeline", host, deadline, client.upload_pipeline, str(DEFAULT_YAML),
-                               pipeline_name=args.name)
-            print(json.dumps({"pipeline_id": p.pipeline_id, "name": args.name, "new": True}))
+    from asyncrl.cluster.pipeline_api import ApiError, connect, resolve_version, start_run
+
+    try:
+        if args.action == "upload":
+            print(json.dumps(_upload(connect(args.host, args.api_timeout, args.namespace), args)))
+            return
+        params = _params(args, DEFAULT_YAML)
+        api = connect(args.host, args.api_timeout, args.namespace)
+        if args.upload:
+            uploaded = _upload(api, args)
+            pid, vid, version = uploaded["pipeline_id"], uploaded["version_id"], uploaded["version"]
         else:
-            version = args.version or time.strftime("v%Y%m%d-%H%M%S", time.gmtime())
-            v = _with_deadline("upload_pipeline_version", host, deadline, client.upload_pipeline_version,
-                               str(DEFAULT_YAML), pipeline_version_name=version, pipeline_id=existing)
-            print(json.dumps({"pipeline_id": existing, "version_id": v.pipeline_version_id, "new": False}))
-        return
-    params = _params(args)
-    client = _client(host, deadline)
-    run = _with_deadline("create_run", host, deadline, client.create_run_from_pipeline_package, str(DEFAULT_YAML),
-                         arguments=params, experiment_name=args.experiment, run_name=args.run_name or None,
-                         enable_caching=False, service_account=args.service_account)
-    print(json.dumps({"run_id": run.run_id, "experiment": args.experiment}))
+            version = _version(args)
+            pid, vid = resolve_version(api, args.name, version)
+        run_name = args.run_name or f"{args.name} {version} {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())}"
+        out = start_run(api, pid, vid, experiment=args.experiment, run_name=run_name, params=params,
+                        service_account=args.service_account)
+        print(json.dumps({**out, "name": args.name, "version": version}))
+    except ApiError as err:
+        _fail(str(err))
 
 
 def _rehearse(args: argparse.Namespace) -> None:
@@ -173,7 +199,7 @@ def _rehearse(args: argparse.Namespace) -> None:
     path = Path(args.pipeline)
     if not path.is_file():
         _fail(f"--pipeline {path}: no such file; run `asyncrl pipeline compile`")
-    params = _params(args)
+    params = _params(args, path)
     workdir = Path(args.workdir or time.strftime("rehearsals/%Y%m%d-%H%M%S", time.gmtime()))
     try:
         result = rehearse(path, params, workdir=workdir, timeout_s=args.timeout, exit_grace_s=args.exit_grace,
@@ -188,29 +214,62 @@ def _rehearse(args: argparse.Namespace) -> None:
                       "ended_s": {k: round(v, 1) for k, v in result.ended_s.items()}}, indent=2))
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("pipeline", help="compile, upload and run the Kubeflow pipeline")
-    p.add_argument("action", choices=["compile", "upload", "run", "rehearse"])
-    p.add_argument("--out", default=str(DEFAULT_YAML), help="compile: where to write the YAML")
-    p.add_argument("--pod-layout", default="", help="compile: a YAML file of the pods' compile-time settings "
-                   "(cache volume, /dev/shm size, Kueue queue and pod group; README \"Sizing and scheduling\")")
+def _image_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--registry", default=None, help="the registry `make push-images REGISTRY=` pushed to, e.g. "
+                   "registry.example.com/team (the image defaults become <registry>/asyncrl-<name>:<tag>)")
+    p.add_argument("--tag", default="", help="the images' tag (default: the git revision, `git rev-parse --short "
+                   "HEAD`, as `make push-images`)")
+    p.add_argument("--pod-layout", default="", help="a YAML file of the pods' compile-time settings (cache "
+                   "volume, /dev/shm size, Kueue queue and pod group; README \"Sizing and scheduling\")")
+
+
+def _api_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default=os.environ.get("KFP_HOST", "http://localhost:8080"),
                    help="the KFP API endpoint (default $KFP_HOST or http://localhost:8080)")
-    p.add_argument("--name", default="asyncrl", help="upload: the pipeline's name")
-    p.add_argument("--version", default="", help="upload: the new version's name (default: the time)")
-    p.add_argument("--experiment", default="asyncrl", help="run: the KFP experiment")
-    p.add_argument("--run-name", default="", help="run: the run's display name")
-    p.add_argument("--service-account", default="asyncrl-runner", help="run: the pods' service account (manifests/)")
-    p.add_argument("--config", default="", help="run: a RunConfig YAML passed as config_yaml (validated here)")
-    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                   help="run, rehearse: a pipeline parameter")
-    p.add_argument("--pipeline", default=str(DEFAULT_YAML), help="rehearse: the compiled pipeline YAML")
-    p.add_argument("--workdir", default="", help="rehearse: logs, S3 data, pods' folders (default rehearsals/<time>)")
+    p.add_argument("--namespace", default=None, help="the Kubernetes namespace (multi-user Kubeflow; default: "
+                   "the client's)")
+    p.add_argument("--name", default="asyncrl", help="the pipeline's name")
+    p.add_argument("--version", default="", help="the version's name (default git-<short sha>[-dirty])")
     p.add_argument("--api-timeout", type=float, default=60.0,
-                   help="upload, run: seconds each call to the KFP API may take (connect included)")
-    p.add_argument("--timeout", type=float, default=1800.0, help="rehearse: seconds for the whole run")
-    p.add_argument("--exit-grace", type=float, default=120.0,
-                   help="rehearse: seconds every role has to exit by itself once the run is done")
+                   help="seconds each call to the KFP API may take (connect included)")
+
+
+def _param_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default="", help="a RunConfig YAML passed as config_yaml (validated here)")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", help="a pipeline parameter")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="run, rehearse: a config override, passed as the `overrides` parameter")
-    p.add_argument("--log-level", default=os.environ.get("ASYNCRL_LOG_LEVEL", "WARNING"))
+                   help="a config override, passed in the `overrides` parameter (wins over every form field)")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("pipeline", help="compile, upload, run or rehearse the Kubeflow pipeline")
+    actions = p.add_subparsers(dest="action", required=True, metavar="{compile,upload,run,rehearse}")
+    log = argparse.ArgumentParser(add_help=False)
+    log.add_argument("--log-level", default=os.environ.get("ASYNCRL_LOG_LEVEL", "WARNING"))
+
+    c = actions.add_parser("compile", parents=[log], help="compile the pipeline to YAML")
+    _image_flags(c)
+    c.add_argument("--out", default="", help=f"where to write the YAML (default {DEFAULT_YAML.name} in the "
+                   f"package without --registry/--tag, else {BUILD_DIR}/asyncrl.yaml)")
+
+    u = actions.add_parser("upload", parents=[log], help="upload a new version of the pipeline, named by the git "
+                           "revision, with image defaults from --registry/--tag")
+    _api_flags(u)
+    _image_flags(u)
+
+    r = actions.add_parser("run", parents=[log], help="start a run of an uploaded version (or --upload first)")
+    _api_flags(r)
+    _image_flags(r)
+    r.add_argument("--upload", action="store_true", help="upload the version first (as `pipeline upload`)")
+    r.add_argument("--experiment", default="asyncrl", help="the KFP experiment (created if missing)")
+    r.add_argument("--run-name", default="", help="the run's display name (default: pipeline, version, time)")
+    r.add_argument("--service-account", default="asyncrl-runner", help="the pods' service account (manifests/)")
+    _param_flags(r)
+
+    h = actions.add_parser("rehearse", parents=[log], help="run the compiled tasks' commands as local processes")
+    h.add_argument("--pipeline", default=str(DEFAULT_YAML), help="the compiled pipeline YAML")
+    _param_flags(h)
+    h.add_argument("--workdir", default="", help="logs, S3 data, pods' folders (default rehearsals/<time>)")
+    h.add_argument("--timeout", type=float, default=1800.0, help="seconds for the whole run")
+    h.add_argument("--exit-grace", type=float, default=120.0,
+                   help="seconds every role has to exit by itself once the run is done")

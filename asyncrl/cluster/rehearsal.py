@@ -46,6 +46,7 @@ EXIT_STRATEGY = "ALL_UPSTREAM_TASKS_COMPLETED"
 _PLACEHOLDER = re.compile(r"\{\{\$(?P<path>[^{}]*)\}\}")
 _INPUT_PARAM = re.compile(r"""^\.inputs\.parameters\[['"](?P<name>[^'"]+)['"]\]$""")
 _OUTPUT_PARAM = re.compile(r"""^\.outputs\.parameters\[['"](?P<name>[^'"]+)['"]\]\.output_file$""")
+_OUTPUT_ARTIFACT = re.compile(r"""^\.outputs\.artifacts\[['"](?P<name>[^'"]+)['"]\]\.path$""")
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ class _Resolver:
                 raise RehearsalError(f"task {self.task}: placeholder {{{{${path}}}}}: input {name!r} has no value; "
                                      f"inputs are {sorted(self.inputs)}")
             return param_text(self.inputs[name])
-        m = _OUTPUT_PARAM.match(path)
+        m = _OUTPUT_PARAM.match(path) or _OUTPUT_ARTIFACT.match(path)  # an output artifact's file, e.g. Markdown
         if m:
             return f"{self.job.outputs_dir}/{self.task}/{m['name']}"
         fixed = {
@@ -181,7 +182,7 @@ def _task_inputs(task_name: str, task: dict[str, Any], scope: Mapping[str, Any],
             if ref not in scope:
                 raise RehearsalError(f"task {task_name}: input {name}: componentInputParameter {ref!r} is not in "
                                      f"the enclosing DAG's inputs")
-            out[name] = scope[ref]
+            out[name] = scope[ref]  # None: an optional pipeline parameter left out (absent from the leaf)
         elif "runtimeValue" in src:
             constants[name] = src["runtimeValue"].get("constant")
         elif "taskOutputParameter" in src:
@@ -300,7 +301,8 @@ class _Walker:
         if container is None:
             raise RehearsalError(f"task {key}: executor {label!r}: only container executors are supported")
         declared = comp.get("inputDefinitions", {}).get("parameters", {})
-        values = dict(inputs)  # the driver passes every task input, not only the declared ones
+        # the driver passes every task input, not only the declared ones; an optional one left out is absent
+        values = {k: v for k, v in inputs.items() if v is not None}
         for k, d in declared.items():
             if k not in values and "defaultValue" in d:
                 values[k] = typed(f"{key}.{k}", d["parameterType"], d["defaultValue"])

@@ -95,7 +95,8 @@ def typed(name: str, kind: str, value: Any) -> Any:
 
 def resolve_parameters(spec: dict[str, Any], overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The pipeline's input parameters: declared defaults, replaced by `overrides` (each name must be declared
-    and its value of the declared type); a required parameter without a value is an error."""
+    and its value of the declared type); an optional one without a default or a value is None (left out); a
+    required parameter without a value is an error."""
     declared = spec["root"].get("inputDefinitions", {}).get("parameters", {})
     overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - set(declared))
@@ -108,7 +109,9 @@ def resolve_parameters(spec: dict[str, Any], overrides: Mapping[str, Any] | None
             out[name] = typed(name, d["parameterType"], overrides[name])
         elif "defaultValue" in d:
             out[name] = typed(name, d["parameterType"], d["defaultValue"])
-        elif not d.get("isOptional", False):
+        elif d.get("isOptional", False):
+            out[name] = None  # left out: a task input it feeds is absent (an IfPresent placeholder passes nothing)
+        else:
             raise RehearsalError(f"parameter {name}: required (no default), give a value")
     return out
 

@@ -75,7 +75,7 @@ def test_mlflow_run_has_the_kfp_run_id_and_step_metrics(rehearsal):
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
     run = client.get_run(result.inspection["tracking"]["mlflow_run_id"])
     assert run.data.tags["kfp.run_id"] == result.run_id
-    assert run.data.tags["image.training"] == "asyncrl-training:latest-release"
+    assert run.data.tags["image.training"] == "asyncrl-training:dev"  # the committed image defaults
     assert run.info.status == "FINISHED"  # finalize ended it
     for name in ("train/loss", "reward/mean", "staleness/max"):
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, name)) == [1, 2], name
@@ -112,3 +112,10 @@ def _in_workdir(p: psutil.Process, work: Path) -> bool:
         return any(str(work) in v for v in p.environ().values())
     except (psutil.Error, OSError):
         return False
+
+
+def test_setup_links_the_mlflow_run_in_its_markdown_output(rehearsal):
+    """The setup step's output artifact `mlflow_run` (dsl.Markdown), shown on the KFP run page."""
+    result, _ = rehearsal
+    text = (result.workdir / "kfp_outputs" / "exit-handler-1" / "setup" / "mlflow_run").read_text()
+    assert result.run_id in text and result.inspection["tracking"]["mlflow_run_id"] in text

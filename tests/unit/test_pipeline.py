@@ -106,13 +106,23 @@ def test_no_secret_in_the_pipeline(docs):
         assert word.lower() not in text.lower()
 
 
-def test_ui_parameters_with_defaults(docs):
+FORM_CONFIG_FIELDS = ("model_path", "env_name", "loss", "async_ratio", "steps", "prompts_per_step",
+                      "samples_per_prompt", "mlflow_experiment")
+
+
+def test_run_form_every_parameter_described_config_fields_left_empty(docs):
+    """The KFP UI's run form: every parameter has a description (the pipeline docstring's `Args:`); the config
+    fields have no default (empty: the config's value), the pod-shaping and infrastructure ones have one."""
     params = docs[0]["root"]["inputDefinitions"]["parameters"]
-    for name in ("model_path", "env_name", "loss", "async_ratio", "steps", "prompts_per_step", "samples_per_prompt",
-                 "generation_replica_ids", "environment_replica_ids", "generation_gpus", "training_gpus",
+    assert len(params) >= 22
+    for name, spec in params.items():
+        assert len(spec.get("description", "")) > 15, name
+    for name in FORM_CONFIG_FIELDS:
+        assert params[name]["isOptional"] is True and "defaultValue" not in params[name], name
+    for name in ("generation_replica_ids", "environment_replica_ids", "generation_gpus", "training_gpus",
                  "generation_image", "training_image", "light_image", "s3_bucket", "s3_prefix", "mlflow_uri",
-                 "mlflow_experiment", "config_yaml"):
-        assert name in params and "defaultValue" in params[name], name
+                 "config_yaml", "overrides", "tags", "resume_run_id"):
+        assert "defaultValue" in params[name], name
 
 
 def test_setup_resolves_config_and_replica_counts():
@@ -185,7 +195,8 @@ def test_roles_drive_the_run_id_setup_outputs(docs):
     gets `resume_run_id` and the KFP run id."""
     pipeline, _ = docs
     params = pipeline["root"]["inputDefinitions"]["parameters"]
-    assert params["resume_run_id"] == {"defaultValue": "", "isOptional": True, "parameterType": "STRING"}
+    assert {k: v for k, v in params["resume_run_id"].items() if k != "description"} == {
+        "defaultValue": "", "isOptional": True, "parameterType": "STRING"}
     assert pipeline["components"]["comp-setup"]["outputDefinitions"]["parameters"] == {
         "run_id": {"parameterType": "STRING"}}
     from_setup = {"taskOutputParameter": {"outputParameterKey": "run_id", "producerTask": "setup"}}

@@ -175,7 +175,8 @@ def test_rehearsal_resolves_resources_and_the_cache_volume(tmp_path):
     assert gen.env["ASYNCRL_CACHE_DIR"] == f"{tmp_path}/asyncrl" and gen.env["HF_HOME"] == f"{tmp_path}/huggingface"
     assert tasks["setup"].env["ASYNCRL_CACHE_DIR"] == f"{tmp_path}/asyncrl"
     argv = tasks["setup"].argv
-    assert "generation.tensor_parallel_size=2" in argv  # a replica's GPUs are its engine's tensor parallelism
+    # a replica's GPUs are its engine's tensor parallelism (authoritative: asyncrl.cluster.setup)
+    assert argv[argv.index("--generation-gpus") + 1] == "2"
     assert argv[argv.index("--gang-pods") + 1] == "0"  # the default layout has no Kueue pod group
     assert _tasks()["generation-0"].env["ASYNCRL_CACHE_DIR"] == "/cache/asyncrl"  # no local folders: as in the pod
 

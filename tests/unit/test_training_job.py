@@ -15,7 +15,7 @@ from kubernetes.client.rest import ApiException
 from asyncrl.cluster.pipeline import definition
 from asyncrl.cluster.pipeline_cli import DEFAULT_YAML
 from asyncrl.cluster.rehearsal import resolve_parameters, task_commands
-from asyncrl.cluster.setup import training_processes_overrides
+from asyncrl.cluster.setup import training_processes
 from asyncrl.cluster.training_job import (
     Owner,
     TrainingJobSpec,
@@ -175,12 +175,12 @@ def test_launcher_without_its_pod_identity_fails_clearly() -> None:
 
 
 def test_setup_sets_num_processes_to_nodes_times_gpus() -> None:
-    assert training_processes_overrides(3, 8) == ["training.num_processes=24"]
-    assert training_processes_overrides(1, 0) == []
+    assert training_processes(3, 8) == 24
+    assert training_processes(1, 0) is None and training_processes(1, None) is None
     with pytest.raises(SystemExit, match="--training-nodes: expected at least 1"):
-        training_processes_overrides(0, 8)
-    with pytest.raises(SystemExit, match="needs --training-processes-per-node"):
-        training_processes_overrides(2, 0)
+        training_processes(0, 8)
+    with pytest.raises(SystemExit, match="needs --training-processes"):
+        training_processes(2, 0)
 
 
 def test_pipeline_runs_the_launcher_when_training_nodes_is_above_one() -> None:

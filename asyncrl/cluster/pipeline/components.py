@@ -11,6 +11,10 @@ asyncrl/cluster/pipeline/definition.py), never from a parameter.
 """
 
 
+
+# ruff: noqa: UP045 - kfp 2.17 reads `Optional[int]` as an optional input; it refuses `int | None`
+from typing import Optional
+
 from kfp import dsl
 
 PLACEHOLDER_IMAGE = "asyncrl-light:set-by-pipeline"
@@ -22,39 +26,54 @@ def run_url_placeholder(bucket: str, prefix: str, run_id: str) -> dsl.ConcatPlac
     return dsl.ConcatPlaceholder(["s3://", bucket, "/", prefix, "/", run_id])
 
 
+# The UI's config fields: (setup input, the config field it sets). Left empty in the run form (None), a field passes
+# no `--set` at all (dsl.IfPresentPlaceholder), so the configuration's own value stands (docs/pipeline_form.md).
+FORM_CONFIG_FIELDS = (("loss", "training.loss"), ("async_ratio", "rollout.async_ratio"), ("steps", "training.steps"),
+                      ("prompts_per_step", "rollout.prompts_per_step"),
+                      ("samples_per_prompt", "rollout.samples_per_prompt"),
+                      ("mlflow_experiment", "tracking.experiment"))
+
+
+def _if_present(name: str, value: object, *flag: object) -> dsl.IfPresentPlaceholder:
+    return dsl.IfPresentPlaceholder(input_name=name, then=[*flag, value])
+
+
 @dsl.container_component
 def setup(bucket: str, prefix: str, config_yaml: str, overrides: list, tags: list, generation_ids: list,
-          environment_ids: list, model_path: str, env_name: str, loss: str, async_ratio: int, steps: int,
-          prompts_per_step: int, samples_per_prompt: int, training_processes: int, training_nodes: int,
-          mlflow_uri: str,
-          mlflow_experiment: str, generation_image: str, training_image: str, light_image: str, resume_run_id: str,
-          run_id: dsl.OutputPath(str), generation_gpus: int = 1, gang_pods: int = 0):
-    """Validate the configuration (YAML text, the UI's fields, then `section.key=value` overrides, in that order)
-    and write it to S3 under the run; the MLflow run is tagged with the three image references. KFP passes the list
-    parameters as JSON text; `training.num_processes` becomes nodes x processes per node. With `resume_run_id`, resume that run instead (`asyncrl.run.resume`). Output
-    `run_id`: the run every role drives."""
+          environment_ids: list, training_processes: int, training_nodes: int, mlflow_uri: str, generation_image: str,
+          training_image: str, light_image: str, resume_run_id: str, run_id: dsl.OutputPath(str),
+          mlflow_run: dsl.Output[dsl.Markdown], model_path: Optional[str] = None, env_name: Optional[str] = None,
+          loss: Optional[str] = None, async_ratio: Optional[int] = None, steps: Optional[int] = None,
+          prompts_per_step: Optional[int] = None, samples_per_prompt: Optional[int] = None,
+          mlflow_experiment: Optional[str] = None, generation_gpus: int = 1, gang_pods: int = 0):
+    """Validate the configuration and write it to S3 under the run; the MLflow run is tagged with the three image
+    references. Precedence (`asyncrl.cluster.setup_config`): defaults < `config_yaml` < the form's config fields
+    (only those given: each optional input passes its `--set` only if present) < `overrides`; the replica ids,
+    `training_processes` (x `training_nodes`), `generation_gpus` (the replicas' tensor parallelism), the bucket, prefix
+    and `mlflow_uri` shape the pods or say where the run lives, so they
+    are authoritative and a configuration that contradicts them fails setup. KFP passes the list parameters as
+    JSON text. With `resume_run_id`, resume that run instead (`asyncrl.run.resume`). Outputs `run_id` (the run
+    every role drives) and `mlflow_run` (a Markdown link to the MLflow run)."""
+    values = {"loss": loss, "async_ratio": async_ratio, "steps": steps, "prompts_per_step": prompts_per_step,
+              "samples_per_prompt": samples_per_prompt, "mlflow_experiment": mlflow_experiment}
+    form_sets = [_if_present(name, dsl.ConcatPlaceholder([f"{field}=", values[name]]), "--set")
+                 for name, field in FORM_CONFIG_FIELDS]
     return dsl.ContainerSpec(
         image=PLACEHOLDER_IMAGE,
         command=[TASK_ENTRYPOINT, "asyncrl.cluster.setup"],
         args=["--bucket", bucket, "--prefix", prefix, "--run-id", dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-              "--config-yaml", config_yaml, "--model-path", model_path, "--env-name", env_name,
+              "--config-yaml", config_yaml,
+              _if_present("model_path", model_path, "--model-path"), _if_present("env_name", env_name, "--env-name"),
+              *form_sets,
               "--generation-ids-json", generation_ids, "--environment-ids-json", environment_ids,
-              "--set", dsl.ConcatPlaceholder(["training.loss=", loss]),
-              "--set", dsl.ConcatPlaceholder(["rollout.async_ratio=", async_ratio]),
-              "--set", dsl.ConcatPlaceholder(["training.steps=", steps]),
-              "--set", dsl.ConcatPlaceholder(["rollout.prompts_per_step=", prompts_per_step]),
-              "--set", dsl.ConcatPlaceholder(["rollout.samples_per_prompt=", samples_per_prompt]),
-              "--training-nodes", training_nodes, "--training-processes-per-node", training_processes,
-              # a generation replica's GPUs serve one engine, tensor-parallel across them
-              "--set", dsl.ConcatPlaceholder(["generation.tensor_parallel_size=", generation_gpus]),
-              "--set", dsl.ConcatPlaceholder(["tracking.tracking_uri=", mlflow_uri]),
-              "--set", dsl.ConcatPlaceholder(["tracking.experiment=", mlflow_experiment]),
+              "--training-processes", training_processes, "--training-nodes", training_nodes,
+              "--generation-gpus", generation_gpus, "--mlflow-uri", mlflow_uri,
               "--tag", dsl.ConcatPlaceholder(["image.generation=", generation_image]),
               "--tag", dsl.ConcatPlaceholder(["image.training=", training_image]),
               "--tag", dsl.ConcatPlaceholder(["image.light=", light_image]),
               "--overrides-json", overrides, "--tags-json", tags, "--resume-run-id", resume_run_id,
               "--gang-pods", gang_pods,  # the compiled Kueue pod group's size (pods.py): checked against the replicas
-              "--run-id-output", run_id],
+              "--run-id-output", run_id, "--mlflow-link-output", mlflow_run.path],
     )
 
 

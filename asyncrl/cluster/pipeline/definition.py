@@ -2,6 +2,11 @@
 
     asyncrl pipeline compile            # writes asyncrl/cluster/pipeline/asyncrl.yaml (committed; a test checks it is current)
 
+Parameters (the KFP UI's run form; each described by the pipeline function's docstring `Args:`): the config
+fields are optional without a default (left empty, the configuration's value stands), the pod-shaping ones are
+authoritative, the image defaults come from `asyncrl pipeline compile --registry R --tag T` (the committed YAML:
+no registry, tag dev). The one precedence rule is `asyncrl.cluster.setup_config`'s; see docs/pipeline_form.md.
+
 Graph: `finalize` is the `dsl.ExitHandler` exit task around everything, so it runs whether the run succeeded,
 failed or was cancelled: it writes the `done` marker (every role exits by itself, so no GPU stays held), records
 the final status and registers the final model in MLflow. Inside: `setup` validates the configuration and writes it
@@ -26,10 +31,15 @@ model cache volume, a sized memory-backed `/dev/shm` for the GPU roles, Kueue's 
 """
 
 
+
+# ruff: noqa: UP045 - kfp 2.17 reads `Optional[int]` as an optional input; it refuses `int | None`
+from typing import Optional
+
 from kfp import dsl, kubernetes
 
 from asyncrl.cluster.pipeline import pods
 from asyncrl.cluster.pipeline.components import finalize, role, setup, training_job_launcher, training_role
+from asyncrl.cluster.pipeline.images import COMMITTED_REGISTRY, COMMITTED_TAG, image_refs
 
 S3_SECRET = "asyncrl-s3"
 S3_SECRET_KEYS = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
@@ -45,6 +55,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 ROLE_TIMEOUT_S = 7 * 24 * 3600
 SETUP_TIMEOUT_S = 600
 ROLE_LABEL = "asyncrl/role"
+COMMITTED_IMAGES = image_refs(COMMITTED_REGISTRY, COMMITTED_TAG)  # `asyncrl pipeline compile` sets others
 GENERATION_RETRIES = 3  # = the default generation.max_restarts of the embedded launcher
 
 
@@ -90,25 +101,25 @@ def _training_launcher(task: dsl.PipelineTask, image: str) -> dsl.PipelineTask:
               "reward and training (DeepSpeed) as long-lived steps; trajectories through S3, runs in MLflow.")
 def asyncrl_pipeline(
     config_yaml: str = "",
-    model_path: str = "",
-    env_name: str = "",
-    loss: str = "decoupled_ppo",
-    async_ratio: int = 1,
-    steps: int = 50,
-    prompts_per_step: int = 32,
-    samples_per_prompt: int = 8,
+    model_path: Optional[str] = None,
+    env_name: Optional[str] = None,
+    loss: Optional[str] = None,
+    async_ratio: Optional[int] = None,
+    steps: Optional[int] = None,
+    prompts_per_step: Optional[int] = None,
+    samples_per_prompt: Optional[int] = None,
     generation_replica_ids: list = ["0"],  # noqa: B006 - KFP pipeline parameters are declared by their defaults
     environment_replica_ids: list = ["env0"],  # noqa: B006
     generation_gpus: int = 1,
     training_gpus: int = 1,
     training_nodes: int = 1,
-    generation_image: str = "asyncrl-generation:latest-release",
-    training_image: str = "asyncrl-training:latest-release",
-    light_image: str = "asyncrl-light:latest-release",
+    generation_image: str = COMMITTED_IMAGES["generation_image"],
+    training_image: str = COMMITTED_IMAGES["training_image"],
+    light_image: str = COMMITTED_IMAGES["light_image"],
     s3_bucket: str = "asyncrl",
     s3_prefix: str = "runs",
     mlflow_uri: str = "http://mlflow.asyncrl.svc.cluster.local:5000",
-    mlflow_experiment: str = "asyncrl",
+    mlflow_experiment: Optional[str] = None,
     overrides: list = [],  # noqa: B006
     tags: list = [],  # noqa: B006
     resume_run_id: str = "",
@@ -139,9 +150,36 @@ def asyncrl_pipeline(
     cpu_tolerations: list = [],  # noqa: B006
     registry_login: str = "asyncrl-registry",
 ) -> None:
-    """The asyncrl run: setup, the long-lived roles side by side, finalize.
+    """Run one asyncrl training run: setup, the four roles side by side, finalize however the run ends.
+
+    Config fields left empty keep the value of `config_yaml` (or the built-in default); a field you fill in wins
+    over config_yaml, and `overrides` win over both. Replica ids, GPUs, bucket, prefix and mlflow_uri shape the pods
+    or say where the run lives: setup fails, naming the field, if config_yaml contradicts them.
 
     Args:
+        config_yaml: A whole run configuration as YAML text (e.g. configs/agentic.yaml); empty: the defaults.
+        model_path: Config model.path: a model folder or s3:// URI of a Hugging Face folder; empty: as configured.
+        env_name: Config env.name: an agentic environment (frozenlake, sokoban, tool_use, remote); empty: as configured.
+        loss: Config training.loss (ppo, decoupled_ppo, tis, cispo, topr); empty: as configured.
+        async_ratio: Config rollout.async_ratio, steps generation may run ahead of training; empty: as configured.
+        steps: Config training.steps, the number of training steps; empty: as configured.
+        prompts_per_step: Config rollout.prompts_per_step; empty: as configured.
+        samples_per_prompt: Config rollout.samples_per_prompt (the group size); empty: as configured.
+        generation_replica_ids: Generation pods, ids "0".."N-1" as a JSON list; sets generation.num_servers=N.
+        environment_replica_ids: Environment pods, ids "env0".."envM-1"; sets rollout.num_writers=M.
+        generation_gpus: GPUs of each generation pod.
+        training_gpus: GPUs of the training pod, one DeepSpeed rank each; sets training.num_processes.
+        generation_image: The generation image (vLLM), <registry>/asyncrl-generation:<tag> from make push-images.
+        training_image: The training image (DeepSpeed), <registry>/asyncrl-training:<tag>.
+        light_image: The image of setup, environment, reward and finalize, <registry>/asyncrl-light:<tag>.
+        s3_bucket: The S3 bucket of the run's folder (endpoint and keys come from the cluster, never from here).
+        s3_prefix: The prefix of the run's folder, s3://<s3_bucket>/<s3_prefix>/<run id>/.
+        mlflow_uri: The MLflow tracking URI the run logs to (sets tracking.tracking_uri).
+        mlflow_experiment: Config tracking.experiment, the MLflow experiment; empty: as configured.
+        overrides: More config overrides, ["section.key=value", ...]; applied last, they win over every field.
+        tags: More MLflow tags, ["key=value", ...].
+        resume_run_id: Resume this crashed run (its first KFP run id) instead of starting a new one; empty: new run.
+        training_nodes: Nodes of the training role; above 1 it runs as a TrainJob/PyTorchJob of training_nodes x training_gpus ranks.
         generation_cpu_request: CPU request of each generation replica's pod (a Kubernetes quantity, e.g. 8 or 500m).
         generation_cpu_limit: CPU limit of each generation replica's pod.
         generation_memory_request: Memory request of each generation replica's pod (e.g. 64Gi).
@@ -180,7 +218,8 @@ def asyncrl_pipeline(
                          generation_ids=generation_replica_ids, environment_ids=environment_replica_ids,
                          model_path=model_path, env_name=env_name, loss=loss, async_ratio=async_ratio, steps=steps,
                          prompts_per_step=prompts_per_step, samples_per_prompt=samples_per_prompt,
-                         training_processes=training_gpus, training_nodes=training_nodes, mlflow_uri=mlflow_uri, mlflow_experiment=mlflow_experiment,
+                         training_processes=training_gpus, training_nodes=training_nodes, mlflow_uri=mlflow_uri,
+                         mlflow_experiment=mlflow_experiment,
                          generation_image=generation_image, training_image=training_image, light_image=light_image,
                          resume_run_id=resume_run_id, generation_gpus=generation_gpus,
                          gang_pods=pods.current_layout().gang_pods)
