@@ -13,7 +13,10 @@ onto every step.
 
 Invariants:
 - steps are logged in the order submitted, each once, with the wall-clock time of its submission and its own
-  metrics; the figures of a read go with exactly one step (the newest of that call);
+  metrics; the figures of a read go with exactly one step (the newest of that call), and steps get figures in
+  increasing order: a step never gets them twice, and a step at or below the last one that got them (the trainer's
+  last counters logged again at the final step, an evaluation point at its older version) gets none and causes no
+  read;
 - a failure to read the figures or to log is logged as a warning and counted (`failures`: one per failed read,
   one per failed call), never raised into training (the figures of the failed read stay as they were); the steps
   of a failed call are not retried here: retrying, and keeping what MLflow does not take, is the log function's
@@ -50,6 +53,7 @@ class StepReporter:
         self.log_every_s = float(log_every_s)
         self._clock = clock
         self._last_read: float | None = None
+        self._figures_step: int | None = None  # the step the last read's figures went with
         self._last_log: float | None = None
         self.reads = 0
         self.calls = 0
@@ -123,15 +127,20 @@ class StepReporter:
             now = self._clock()
             fresh = any(e[3] for e in batch)
             entries: list[StepMetrics] = [(metrics, step, ts) for metrics, step, ts, _ in batch]
-            if fresh or self._last_read is None or now - self._last_read >= self.read_every_s:
+            # the figures go with the newest step of the call, and only to a step newer than the last that got
+            # some: a step logged again (the trainer's last counters) or an older one (an evaluation point) gets none
+            newest = max(range(len(entries)), key=lambda i: (entries[i][1], i))
+            due = fresh or self._last_read is None or now - self._last_read >= self.read_every_s
+            if due and (self._figures_step is None or entries[newest][1] > self._figures_step):
                 self._last_read = now
                 try:
                     self.reads += 1
                     figures = self._read_external()
                     with self._cond:
                         self._external = dict(figures)
-                    metrics, step, ts = entries[-1]
-                    entries[-1] = ({**metrics, **figures}, step, ts)
+                    metrics, step, ts = entries[newest]
+                    entries[newest] = ({**metrics, **figures}, step, ts)
+                    self._figures_step = step
                 except Exception as e:  # the figures stay as last read
                     self.failures += 1
                     log.warning("step reporter: reading the roles' figures failed: %s", e)

@@ -108,3 +108,26 @@ def test_the_figures_are_read_at_most_every_read_every_s_and_for_a_fresh_step() 
     assert r.reads == 3
     assert r.external() == {"rollout/reads": 3.0}
     r.close()
+
+
+def test_no_step_gets_the_figures_twice_nor_an_older_step_after_a_newer_one() -> None:
+    reads = {"n": 0}
+
+    def read() -> dict[str, float]:
+        reads["n"] += 1
+        return {"rollout/reads": float(reads["n"])}
+
+    calls: list[list[tuple[dict[str, float], int]]] = []
+    r = StepReporter(read, lambda entries: calls.append([(m, s) for m, s, _ in entries]))
+    r.submit({"loss": 1.0}, 3, fresh=True)  # the last step
+    assert r.flush(10.0)
+    r.submit({"tracking/spooled_total": 0.0}, 3, fresh=True)  # logged again at the same step: no second read
+    assert r.flush(10.0)
+    r.submit({"eval/accuracy": 0.5}, 2, fresh=True)  # an evaluation point at an older version: no figures either
+    assert r.flush(10.0)
+    r.submit({"loss": 0.5}, 4)
+    assert r.flush(10.0)
+    assert calls == [[({"loss": 1.0, "rollout/reads": 1.0}, 3)], [({"tracking/spooled_total": 0.0}, 3)],
+                     [({"eval/accuracy": 0.5}, 2)], [({"loss": 0.5, "rollout/reads": 2.0}, 4)]]
+    assert r.reads == 2
+    r.close()
