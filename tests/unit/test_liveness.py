@@ -87,3 +87,22 @@ def test_system_sampler_measures_this_process_tree() -> None:
     assert busy["cpu_cores"] > 0.05
     assert busy["memory_rss_mb"] > 10 and busy["threads"] >= 1 and 0 < busy["system_memory_percent"] <= 100
     assert not any(k.startswith("gpu_") for k in busy)  # no NVIDIA library on this machine
+
+
+def test_system_sampler_lists_the_tree_again_only_after_its_refresh_interval() -> None:
+    import subprocess
+    import sys
+
+    from asyncrl.roles.system_metrics import SystemSampler
+
+    rarely, always = SystemSampler(tree_refresh_s=3600.0), SystemSampler(tree_refresh_s=0.0)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        # listed at construction, before the child: the slow sampler keeps that list, the other lists again
+        assert [p.pid for p in rarely._tree()] == [rarely.pid]
+        assert child.pid in [p.pid for p in always._tree()]
+        assert rarely.sample()["threads"] < always.sample()["threads"]
+    finally:
+        child.kill()
+        child.wait()
+    assert "memory_rss_mb" in always.sample()  # a listed process that ended is skipped, never raised
