@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 
 from asyncrl.run.finalize import finalize, owns_run
-from asyncrl.storage.run_layout import RunPaths, parse_run_url, run_url
-from asyncrl.storage.s3 import S3Store
+from asyncrl.storage.run_layout import run_url
+from asyncrl.storage.run_store import open_run
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +34,11 @@ def main(argv: list[str] | None = None) -> None:
                    "of --run-url (a resume), the run is finalized only if this pipeline run resumed it")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s finalize %(name)s: %(message)s")
-    endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
-    if not endpoint:
-        raise SystemExit("finalize: AWS_ENDPOINT_URL is not set: expected the S3 endpoint")
-    bucket, prefix, run_id = parse_run_url(args.run_url)
-    store = S3Store(endpoint, bucket, timeout_s=30.0)
-    paths = RunPaths(prefix, run_id)
+    try:
+        store, paths = open_run(args.run_url)
+    except ValueError as err:
+        raise SystemExit(f"finalize: {err}") from None
+    bucket, prefix, run_id = store.bucket, paths.prefix, paths.run_id
     if args.kfp_run_id and not owns_run(store, paths, args.kfp_run_id):
         log.info("run %s was not resumed by pipeline run %s (the resume was refused or never made): left as it is",
                  run_id, args.kfp_run_id)

@@ -26,7 +26,8 @@ from typing import Any
 from asyncrl.config import ConfigError, RunConfig, config_from_json, with_cache_dir_from_env
 from asyncrl.models.folder import run_model_folder
 from asyncrl.roles.liveness import Heartbeat, RunOver, exit_when_orphaned, watch_run
-from asyncrl.storage.run_layout import RunPaths, parse_run_url
+from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.run_store import open_run
 from asyncrl.storage.s3 import S3Store
 
 log = logging.getLogger(__name__)
@@ -87,12 +88,10 @@ class RoleContext:
 
     @classmethod
     def from_args(cls, role: str, args: argparse.Namespace) -> RoleContext:
-        bucket, prefix, run_id = parse_run_url(args.run_url)
-        endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
-        if not endpoint:
-            raise SystemExit(f"{role}: AWS_ENDPOINT_URL is not set: expected the S3 endpoint of the run")
-        store = S3Store(endpoint, bucket, timeout_s=30.0)
-        paths = RunPaths(prefix, run_id)
+        try:
+            store, paths = open_run(args.run_url)
+        except ValueError as err:
+            raise SystemExit(f"{role}: {err}") from None
         text = store.get_bytes(paths.config())
         if text is None:
             raise SystemExit(f"{role}: {args.run_url}/config.json does not exist: start the run with `asyncrl run`")
@@ -102,7 +101,7 @@ class RoleContext:
         except ConfigError as err:
             raise SystemExit(f"{role}: {err}") from None
         store.close()
-        store = S3Store(endpoint, bucket, timeout_s=30.0, retry_deadline_s=cfg.timeouts.storage_s)
+        store, paths = open_run(args.run_url, retry_deadline_s=cfg.timeouts.storage_s)
         apply_network_env(cfg, os.environ)
         exit_when_orphaned()  # started by the embedded launcher: never outlive it (asyncrl.roles.liveness)
         host = advertised(args, "" if args.host in ("0.0.0.0", "::") else args.host) or "127.0.0.1"

@@ -31,19 +31,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run `asyncrl tracking replay`; the exit status. (Imports here: building the CLI's parser imports no MLflow.)"""
-    from asyncrl.storage.run_layout import RunPaths, parse_run_url
-    from asyncrl.storage.s3 import S3Store
+    from asyncrl.storage.run_store import open_run
     from asyncrl.tracking.mlflow_calls import retry_until
     from asyncrl.tracking.spooling_log import replay_run_spool
 
     if args.deadline_s <= 0:
         raise ValueError(f"--deadline-s: expected a positive number of seconds, got {args.deadline_s}")
-    endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
-    if not endpoint:
-        raise ValueError("AWS_ENDPOINT_URL is not set: expected the S3 endpoint of the run")
-    bucket, prefix, run_id = parse_run_url(args.run_url)
-    store = S3Store(endpoint, bucket, timeout_s=30.0)
-    paths = RunPaths(prefix, run_id)
+    store, paths = open_run(args.run_url)
     tracking = store.get_json(paths.tracking())
     if not isinstance(tracking, dict) or not tracking.get("mlflow_run_id"):
         raise ValueError(f"{args.run_url}/tracking.json: expected the run's MLflow tracking document "
