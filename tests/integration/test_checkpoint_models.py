@@ -187,7 +187,7 @@ def test_mlflow_down_records_what_was_not_logged_and_a_later_call_logs_it(
 
 
 def test_embedded_mode_copies_the_folder_and_the_registered_version_loads_with_transformers(
-        s3_store, start_folder, tmp_path, bounded_mlflow_env):
+        s3_store, start_folder, tmp_path, bounded_mlflow_env, monkeypatch):
     paths = RunPaths("runs", "embedded")
     client, experiment, tracking = _mlflow_run(tmp_path)
     model, state = _trained(start_folder, seed=7)
@@ -197,13 +197,9 @@ def test_embedded_mode_copies_the_folder_and_the_registered_version_loads_with_t
     (logged,) = client.search_logged_models([experiment])
     assert reg["model_uri"] == "models:/arith-embedded/1" and reg["source"] == logged.artifact_location
     assert "mlflow.model.isExternal" not in logged.tags
-    mlflow.set_tracking_uri(tracking["tracking_uri"])
-    mlflow.set_registry_uri(tracking["tracking_uri"])
-    try:
-        folder = Path(mlflow.artifacts.download_artifacts(reg["model_uri"], dst_path=str(tmp_path / "dl")))
-    finally:
-        mlflow.set_tracking_uri(None)
-        mlflow.set_registry_uri(None)
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", tracking["tracking_uri"])  # models:/<name>/<version>: the registry
+    folder = Path(mlflow.artifacts.download_artifacts(reg["model_uri"], dst_path=str(tmp_path / "dl"),
+                                                      tracking_uri=tracking["tracking_uri"]))
     assert not (folder / "optimizer.safetensors").exists() and (folder / "MLmodel").is_file()
     loaded = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     assert torch.equal(_logits(loaded), _logits(model))
