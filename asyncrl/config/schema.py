@@ -408,6 +408,9 @@ class StorageConfig(_Section):
 class TrackingConfig(_Section):
     tracking_uri: str = Field("", description="MLflow tracking URI. Empty: one local sqlite store for all runs, runs_dir/mlflow.db.")
     experiment: str = Field("asyncrl", min_length=1)
+    registered_model: str = Field("", max_length=200, pattern=r"^[A-Za-z0-9._ /-]*$",
+                                  description="Registered model the run's best-by-eval (else last) checkpoint is "
+                                  "registered under. Empty: <experiment>-<name>.")
 
 
 class TimeoutsConfig(_Section):

@@ -44,10 +44,17 @@ from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.rewards.custom import scorer_for
 from asyncrl.roles.context import base_url, wait_for_rendezvous
 from asyncrl.rpc.auth import TOKEN_ENV, auth_headers, new_token
+from asyncrl.run.checkpoint_models import publish_embedded_models, registered_model_name
 from asyncrl.run.create import create_run, record_model
 from asyncrl.run.finalize import finish_tracking
 from asyncrl.run.resume import LOCAL_CONFIG, ResumeError, reattach_tracking, resume_run
-from asyncrl.run.summary import final_group, publish_summary, training_summary, weights_in_sync
+from asyncrl.run.summary import (
+    TRACKING_DEADLINE_S,
+    final_group,
+    publish_summary,
+    training_summary,
+    weights_in_sync,
+)
 from asyncrl.storage.run_layout import RunPaths, run_url
 from asyncrl.storage.s3 import S3Store
 from asyncrl.tasks.datasets import load_split
@@ -266,7 +273,23 @@ class EmbeddedRun:
                 self.procs.stop_all()
                 if not self.rpc_dir().is_relative_to(self.run_dir.resolve()):
                     shutil.rmtree(self.rpc_dir(), ignore_errors=True)
+                if self.tracker is not None:  # every checkpoint as an MLflow model, before this S3 server stops
+                    self.publish_models(store)
                 finish_tracking(self.tracker, succeeded=(self.run_dir / "run_summary.json").exists())
+
+    def publish_models(self, store: S3Store) -> None:
+        """The run's checkpoints as MLflow models, the best-by-eval (else last) one registered (docs/models_in_mlflow.md)."""
+        assert self.tracker is not None
+        t = self.cfg.tracking
+        out = publish_embedded_models(store, self.paths, self.tracker.tracking_uri, self.tracker.run_id,
+                                      registered_model_name(t.registered_model, t.experiment, self.cfg.name),
+                                      TRACKING_DEADLINE_S)
+        reg = out.get("registered_model")
+        if reg:
+            _print(f"registered model {reg['model_uri']}: checkpoint {reg['checkpoint_version']} ({reg['reason']}"
+                   + (f", eval accuracy {reg['eval_accuracy']:.3f})" if reg["eval_accuracy"] is not None else ")"))
+        elif "models_error" in out:
+            _print(f"checkpoints not (all) logged to MLflow: {out['models_error']}")
 
     def start_training(self, procs: ProcessGroup, args: list[str]) -> None:
         """The training role: one process, or `training.num_processes` ranks under torchrun (rank 0 leads).

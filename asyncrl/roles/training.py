@@ -12,7 +12,8 @@ One training step k (version k → k+1):
    resume); a lost server leaves the group and a restarted one joins it (`asyncrl.roles.weight_group`);
 4. publish `versions/latest.json` (version, per-writer consumed counts, the weights' checksum at checkpoints and
    the last step, metrics), log to MLflow (`asyncrl.roles.training_report`, after the step), and
-   every `checkpoint_every` steps write a checkpoint (model, optimizer, cursors; `COMMITTED` last).
+   every `checkpoint_every` steps write a checkpoint (model, optimizer, cursors, and the start folder's config and
+   tokenizer files so that it is a complete Hugging Face folder; `COMMITTED` last).
 On start it resumes from the newest committed checkpoint, if any. At the end it writes the run's `done` marker.
 
 Data parallel (`training.num_processes` = W > 1, one rank per GPU of the pod, or CPU processes): the same entrypoint
@@ -51,6 +52,7 @@ import time
 
 import torch
 
+from asyncrl.models.checkpoint_folder import checkpoint_folder_files
 from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.roles.context import RoleContext, role_arg_parser, setup_logging
 from asyncrl.roles.stop_signal import STOP_S3_TIMEOUT_S, RoleStopped, StopSignal, bounded
@@ -113,7 +115,10 @@ class TrainingRunner:
         self.groups: GroupPrefetcher | None = None
         self.weights: WeightGroup | None = None
         self.report: TrainingReport | None = None
+        # rank 0: the start folder's config and tokenizer files, copied into every checkpoint (a complete HF folder)
+        self.folder_files: dict[str, bytes] = {}
         if self.is_rank0:
+            self.folder_files = checkpoint_folder_files(self.model_path)
             tracking = ctx.store.get_json(ctx.paths.tracking())
             tracker = Tracker.attach(tracking["tracking_uri"], tracking["mlflow_run_id"]) if tracking else None
             self.groups = GroupPrefetcher.for_run(ctx.store, ctx.paths, self.cfg.rollout.num_writers,
@@ -268,7 +273,7 @@ class TrainingRunner:
         meta = {"version": result.version, "cursors": self.groups.cursors, "counters": self.report.run_counters(),
                 "optimizer_skeleton": skeleton}
         save_checkpoint(self.ctx.store, self.ctx.paths, result.version, snap.model_state(), opt_tensors, meta,
-                        extra=self.learner.checkpoint_extra())
+                        extra=self.learner.checkpoint_extra(), folder_files=self.folder_files)
         log.info("checkpoint %d committed", result.version)
 
     # ---- the run (every rank) --------------------------------------------------------------------------------

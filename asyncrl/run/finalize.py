@@ -7,8 +7,9 @@ the MLflow run's end.
    by `asyncrl.run.documents.run_outcome`, with the MLflow status it maps to and the role stop that made it a
    cancel, if any; the last committed checkpoint version, the time) and, when the trainer published a version,
    `run_summary.json` (`asyncrl.run.summary.training_summary`);
-3. with MLflow tracking: registers the last committed checkpoint as a new version of the registered model
-   `<experiment>-<config name>` (source: its S3 folder; a resumed run registers its new final one) and ends the
+3. with MLflow tracking: logs every committed checkpoint not logged yet as an MLflow model that references its S3
+   folder, and registers the best-by-eval (else the last) one as a version of `tracking.registered_model`
+   (default `<experiment>-<config name>`; `asyncrl.run.checkpoint_models`, docs/models_in_mlflow.md), then ends the
    MLflow run as FINISHED, KILLED (cancelled) or FAILED, after replaying the run's tracking spool
    (`asyncrl.tracking.spooling_log`); with MLflow unavailable, `final_status.json` says so (`tracking_error`,
    `tracking_spool_left`) and is written all the same.
@@ -25,6 +26,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config.load import config_from_json
+from asyncrl.run.checkpoint_models import publish_models, registered_model_name
 from asyncrl.run.documents import FINAL_STATUS, OUTCOMES, current_attempt, mlflow_status, run_outcome
 from asyncrl.run.stop import read_stop
 from asyncrl.run.summary import SUMMARY, TRACKING_DEADLINE_S, training_summary
@@ -61,8 +63,8 @@ def finalize(store: S3Store, paths: RunPaths, status: str) -> dict[str, Any]:
     cfg = config_from_json(raw.decode(), paths.config()) if raw is not None else None
     tracking = store.get_json(paths.tracking())
     if cfg is not None and isinstance(tracking, dict) and tracking.get("mlflow_run_id"):
-        doc.update(_end_tracking(store, paths, tracking, cfg.tracking.experiment, cfg.name, version,
-                                 OUTCOMES[outcome]))
+        registered = registered_model_name(cfg.tracking.registered_model, cfg.tracking.experiment, cfg.name)
+        doc.update(_end_tracking(store, paths, tracking, registered, OUTCOMES[outcome]))
     store.put_json(paths.file(FINAL_STATUS), doc)
     latest = store.get_json(paths.versions_latest())
     if cfg is not None and isinstance(latest, dict):
@@ -73,29 +75,15 @@ def finalize(store: S3Store, paths: RunPaths, status: str) -> dict[str, Any]:
     return doc
 
 
-def _register(tracking: dict[str, Any], experiment: str, name: str, bucket: str, paths: RunPaths,
-              version: int | None, mlflow_run_status: str) -> dict[str, Any] | None:
+def _end_run(tracking: dict[str, Any], mlflow_run_status: str) -> None:
     from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
 
-    client = MlflowClient(tracking_uri=tracking["tracking_uri"])
-    run_id = tracking["mlflow_run_id"]
-    registered = None
-    if version is not None:
-        model = f"{experiment}-{name}"
-        source = f"s3://{bucket}/{paths.checkpoint_prefix(version).rstrip('/')}"
-        with contextlib.suppress(MlflowException):  # it exists: add a version
-            client.create_registered_model(model)
-        existing = [v for v in client.search_model_versions(f"name='{model}'")
-                    if v.run_id == run_id and v.source == source]  # a resumed run registers its new final one
-        mv = existing[0] if existing else client.create_model_version(model, source, run_id=run_id)
-        registered = {"name": model, "version": str(mv.version), "source": source}
-    client.set_terminated(run_id, status=mlflow_run_status)
-    return registered
+    MlflowClient(tracking_uri=tracking["tracking_uri"]).set_terminated(tracking["mlflow_run_id"],
+                                                                      status=mlflow_run_status)
 
 
-def _end_tracking(store: S3Store, paths: RunPaths, tracking: dict[str, Any], experiment: str, name: str,
-                  version: int | None, mlflow_run_status: str) -> dict[str, Any]:
+def _end_tracking(store: S3Store, paths: RunPaths, tracking: dict[str, Any], registered_name: str,
+                  mlflow_run_status: str) -> dict[str, Any]:
     """The tracking spool replayed, the model registered, the MLflow run ended: what goes into final_status.json.
     MLflow unavailable: `tracking_error` says so and the spool stays in S3 (`tracking_spool_left` entries)."""
     from asyncrl.tracking.mlflow_calls import bound_http_requests, retry_until
@@ -103,12 +91,15 @@ def _end_tracking(store: S3Store, paths: RunPaths, tracking: dict[str, Any], exp
 
     bound_http_requests()
     out: dict[str, Any] = {"tracking_spool_left": replay_run_spool(store, paths, tracking, TRACKING_DEADLINE_S)["left"]}
+    # the checkpoints as models referencing their S3 folders, the chosen one registered (never raises); ending the
+    # run shares the same deadline (MLflow down: one more try, not another full wait)
+    deadline = time.monotonic() + TRACKING_DEADLINE_S
+    out.update(publish_models(store, paths, tracking, registered_name, by_reference=True,
+                              deadline_s=TRACKING_DEADLINE_S))
     try:
-        out["registered_model"] = retry_until(
-            lambda: _register(tracking, experiment, name, store.bucket, paths, version, mlflow_run_status),
-            time.monotonic() + TRACKING_DEADLINE_S, "MLflow: registering the model and ending the run")
+        retry_until(lambda: _end_run(tracking, mlflow_run_status), deadline, "MLflow: ending the run")
     except Exception as err:  # MLflow down (or refusing) must not lose the final status
-        log.warning("MLflow unavailable at the run's end (%s): model not registered, MLflow run not ended", err)
+        log.warning("MLflow unavailable at the run's end (%s): MLflow run not ended", err)
         out["tracking_error"] = str(err).splitlines()[0][:500]
     return out
 

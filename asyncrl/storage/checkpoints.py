@@ -1,11 +1,16 @@
-"""Checkpoints on S3: `checkpoints/<version>/{model.safetensors, optimizer.safetensors, meta.json, COMMITTED}`.
+"""Checkpoints on S3: `checkpoints/<version>/{model.safetensors, optimizer.safetensors, meta.json, COMMITTED}` and
+the files that make the folder a complete Hugging Face model folder (`config.json`, the tokenizer's files, a
+`generation_config.json` when the run's model has one: `folder_files` of `save_checkpoint`, see
+`asyncrl.models.checkpoint_folder`); `model.safetensors` holds the weights under their Hugging Face names, so
+`AutoModelForCausalLM.from_pretrained(<a copy of the folder>)` loads it.
 
 Invariants:
 - `COMMITTED` is written last, so a checkpoint is either committed and complete or ignored; it holds
   the size and sha256 of every file, and `load_checkpoint` verifies them;
 - only committed versions count for `latest_committed_version`; loading an uncommitted one is an error;
 - tensors are stored with safetensors and read with `safetensors.torch.load`: nothing is unpickled;
-- a committed version is never rewritten (saving it again raises `ObjectExists`).
+- a committed version is never rewritten (saving it again raises `ObjectExists`);
+- the model folder's files are listed in `COMMITTED` like the tensors, and `load_checkpoint` verifies them too.
 
 A torch optimizer `state_dict()` (nested dicts/lists of tensors and numbers) is stored as flat named
 tensors plus a JSON skeleton (`flatten_optimizer_state` / `unflatten_optimizer_state`); keep the
@@ -40,7 +45,8 @@ class CheckpointError(RuntimeError):
 
 
 def _tensors_to_bytes(tensors: dict[str, torch.Tensor], what: str) -> bytes:
-    """safetensors bytes; tensors sharing storage (tied weights) are cloned so each is saved once."""
+    """safetensors bytes; tensors sharing storage (tied weights) are cloned so each is saved once. The header says
+    `format: pt`, as Hugging Face's own files do (transformers refuses a file whose format is something else)."""
     out: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
     for name, t in tensors.items():
@@ -52,7 +58,7 @@ def _tensors_to_bytes(tensors: dict[str, torch.Tensor], what: str) -> bytes:
             t = t.clone()
         seen.add(ptr)
         out[name] = t
-    return st_save(out)
+    return st_save(out, metadata={"format": "pt"})
 
 
 def save_checkpoint(
@@ -63,11 +69,14 @@ def save_checkpoint(
     optimizer_state: dict[str, torch.Tensor],
     meta: dict[str, Any],
     extra: dict[str, dict[str, torch.Tensor]] | None = None,
+    folder_files: dict[str, bytes] | None = None,
 ) -> str:
     """Write the checkpoint of `version` and commit it; return its prefix key.
 
     `extra` adds more tensor files, `<name>.safetensors` each (the critics and their optimizers), listed and
-    verified like the others; read them back with `load_checkpoint_tensors`.
+    verified like the others; read them back with `load_checkpoint_tensors`. `folder_files` adds the model
+    folder's other files (name -> bytes: config.json, the tokenizer's, ...), written as they are, listed and
+    verified like the others.
 
     `meta` must be JSON-serialisable (cursors, step, counters, optimizer skeleton...). Files of an
     earlier, uncommitted attempt at the same version are overwritten; a committed version is not.
@@ -88,6 +97,11 @@ def save_checkpoint(
         if not name.replace("_", "").isalnum():
             raise ValueError(f"checkpoint extra file name: expected letters, digits and '_', got {name!r}")
         files[f"{name}.safetensors"] = _tensors_to_bytes(tensors, name)
+    for name, data in (folder_files or {}).items():
+        if name in files or "/" in name or name.endswith(".safetensors") or name in (COMMITTED, ""):
+            raise ValueError(f"checkpoint folder file name: expected a plain file name other than the tensor files "
+                             f"and {COMMITTED}, got {name!r}")
+        files[name] = data
     manifest: dict[str, Any] = {"format": FORMAT, "version": version, "files": {}}
     for name, data in files.items():
         store.put_bytes(paths.checkpoint(version, name), data)
@@ -170,7 +184,24 @@ def load_checkpoint(
         meta = json.loads(meta_bytes)
     except json.JSONDecodeError as e:
         raise CheckpointError(f"checkpoint {version}: {META_FILE} is not JSON: {e}") from e
+    for name in checkpoint_folder_files(manifest):  # small files: a corrupt config or tokenizer fails the resume
+        _read_verified(store, paths, version, name, manifest)
     return model, optim, meta
+
+
+def checkpoint_folder_files(manifest: dict[str, Any]) -> list[str]:
+    """The model folder's files a COMMITTED marker lists besides the tensors and meta (none before they existed)."""
+    return sorted(n for n in manifest.get("files", {}) if n != META_FILE and not n.endswith(".safetensors"))
+
+
+def checkpoint_file_names(store: S3Store, paths: RunPaths, version: int) -> list[str]:
+    """Every file a committed version's COMMITTED marker lists; CheckpointError when it is not committed."""
+    return sorted(_committed_manifest(store, paths, version).get("files", {}))
+
+
+def read_checkpoint_file(store: S3Store, paths: RunPaths, version: int, name: str) -> bytes:
+    """One file of a committed version, verified against its sha256 in COMMITTED."""
+    return _read_verified(store, paths, version, name, _committed_manifest(store, paths, version))
 
 
 # --- optimizer state <-> flat tensors + JSON skeleton (pure) -----------------------------------------

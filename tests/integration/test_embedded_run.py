@@ -3,7 +3,9 @@ tests/faults/test_embedded_faults.py), DeepSpeed, SeaweedFS and MLflow.
 
 Checks what issue 2 asks of the embedded launcher: groups are in S3; the version advanced; after the last sync
 the weights in every vLLM worker equal the trainer's (checksums); every trained sample satisfied the α bound;
-MLflow has the step metrics; a committed checkpoint exists; no process is left running.
+MLflow has the step metrics; a committed checkpoint exists; no process is left running. Issue 18: each committed
+checkpoint is an MLflow model of the run at its step, and the registered version (the best by eval) loads with
+transformers with the checkpoint's logits.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from pathlib import Path
 import mlflow
 import psutil
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
 from asyncrl.config import load_config
 from asyncrl.local.seaweed import EmbeddedS3
-from asyncrl.storage.checkpoints import latest_committed_version
+from asyncrl.run.model_choice import choose_checkpoint, eval_figures
+from asyncrl.storage.checkpoints import committed_versions, latest_committed_version, load_checkpoint
 from asyncrl.storage.groups import GroupReader
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
@@ -116,6 +121,61 @@ def test_mlflow_has_step_metrics(finished_run):
         assert rss and all(m.value > 10 for m in rss), role
         assert client.get_metric_history(run.info.run_id, f"system/{role}/cpu_cores"), role
     assert run.data.params["rollout.async_ratio"] == str(cfg.rollout.async_ratio)
+
+
+def test_each_checkpoint_is_an_mlflow_model_and_the_best_by_eval_is_registered(finished_run, monkeypatch, tmp_path):
+    run_dir, stdout = finished_run
+    cfg = load_config(ROOT / "configs/smoke.yaml", OVERRIDES)
+    with EmbeddedS3(run_dir / "s3") as s3:
+        for k, v in s3.env().items():
+            monkeypatch.setenv(k, v)
+        store = S3Store(s3.endpoint_url, cfg.storage.bucket)
+        paths = RunPaths(cfg.storage.prefix, SMOKE_RUN_ID)
+        committed, figures = committed_versions(store, paths), eval_figures(store, paths)
+        published = store.get_json(paths.file("models/published.json"))
+        registered = store.get_json(paths.file("models/registered.json"))
+        weights, _, _ = load_checkpoint(store, paths, registered["checkpoint_version"])
+        start_folder = store.get_json(paths.model())["path"]
+    assert committed == [2, 3] and published["models_logged"] == committed and published["models_not_logged"] == []
+    assert published["registered_model"] == registered
+    # evaluation at every version: the registered checkpoint is the best by eval among the checkpoints
+    evaluated = {v: figures[v]["eval/accuracy"] for v in committed if v in figures}
+    assert evaluated, figures
+    best = max(evaluated.values())
+    assert registered["reason"] == "best_eval" and registered["eval_accuracy"] == best
+    assert registered["checkpoint_version"] == max(v for v, a in evaluated.items() if a == best)
+    assert choose_checkpoint(committed, figures).version == registered["checkpoint_version"]
+    assert registered["name"] == f"{cfg.tracking.experiment}-{cfg.name}"
+    assert f"registered model {registered['model_uri']}: checkpoint {registered['checkpoint_version']}" in stdout
+
+    uri = f"sqlite:///{run_dir.parent / 'mlflow.db'}"
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    run = mlflow_run(run_dir.parent, SMOKE_RUN_ID, cfg.tracking.experiment)
+    steps = {o.model_id: o.step for o in run.outputs.model_outputs}
+    models = client.search_logged_models([run.info.experiment_id],
+                                         filter_string=f"source_run_id='{run.info.run_id}'")
+    assert sorted((m.name, steps[m.model_id]) for m in models) == [(f"checkpoint-{v}", v) for v in committed]
+    for m in models:
+        v = int(m.params["checkpoint_version"])
+        assert str(m.status) == "READY" and m.tags["asyncrl.checkpoint_version"] == str(v)
+        if v in figures:
+            assert float(m.params["eval/accuracy"]) == figures[v]["eval/accuracy"]
+    version = client.get_model_version(registered["name"], registered["version"])
+    assert version.run_id == run.info.run_id and version.source == registered["source"]
+
+    # the registered version loads with transformers; its logits are those of the checkpoint's weights
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", uri)  # models:/<name>/<version> resolves through the registry
+    folder = mlflow.artifacts.download_artifacts(registered["model_uri"], dst_path=str(tmp_path / "model"),
+                                                 tracking_uri=uri)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    reference = AutoModelForCausalLM.from_pretrained(start_folder, dtype=torch.float32).eval()
+    missing, unexpected = reference.load_state_dict(weights, strict=False)
+    assert unexpected == [] and set(missing) <= {"lm_head.weight"}  # tied to the embeddings
+    ids = torch.tensor([[3, 7, 11, 5, 9]])
+    with torch.no_grad():
+        assert not torch.equal(loaded(ids).logits, AutoModelForCausalLM.from_pretrained(
+            start_folder, dtype=torch.float32).eval()(ids).logits)  # trained: not the start weights
+        assert torch.equal(loaded(ids).logits, reference(ids).logits)
 
 
 def test_no_process_left(finished_run):

@@ -1,0 +1,64 @@
+"""Which committed checkpoint a run registers: the best by held-out accuracy when the run has evaluation points
+for its checkpoints, else the last one. Pure, apart from `eval_figures`, which reads the run's evaluation points.
+
+The rule (`choose_checkpoint`):
+- `best_eval`: among the committed versions that have an evaluation point (`eval/<version>.json`, written by the
+  periodic evaluation, `eval.every_steps` > 0) with a finite `eval/accuracy`, the highest accuracy; a tie goes
+  to the later version (more training for the same figure);
+- `last`: no committed version has such a point (no periodic evaluation, or none landed on a checkpoint): the
+  highest committed version.
+A version without a point is never preferred to one with a point: its accuracy is unknown.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.s3 import S3Store
+
+EVAL_PREFIX = "eval/"  # `asyncrl.roles.periodic_eval` writes `eval/<version:08d>.json` there
+ACCURACY = "eval/accuracy"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The checkpoint to register and why: `reason` is "best_eval" (with its `eval_accuracy`) or "last"."""
+
+    version: int
+    reason: str
+    eval_accuracy: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"checkpoint_version": self.version, "reason": self.reason, "eval_accuracy": self.eval_accuracy}
+
+
+def choose_checkpoint(committed: list[int], figures: dict[int, dict[str, float]]) -> Choice | None:
+    """The version to register among `committed` (None when there is none), by the rule in the module docstring;
+    `figures`: each evaluated version's `eval/*` figures."""
+    if not committed:
+        return None
+    scored = [(figures[v][ACCURACY], v) for v in committed
+              if isinstance(figures.get(v, {}).get(ACCURACY), int | float) and math.isfinite(figures[v][ACCURACY])]
+    if scored:
+        accuracy, version = max(scored)  # equal accuracy: the higher version wins
+        return Choice(version, "best_eval", float(accuracy))
+    return Choice(max(committed), "last")
+
+
+def eval_figures(store: S3Store, paths: RunPaths) -> dict[int, dict[str, float]]:
+    """{version: its evaluation point's numeric `eval/*` figures} of every point of the run; a document that is not
+    a point (no `metrics` object) is skipped."""
+    out: dict[int, dict[str, float]] = {}
+    for key in sorted(store.list_keys(paths.file(EVAL_PREFIX))):
+        name = key.rsplit("/", 1)[-1].removesuffix(".json")
+        if not name.isdigit():
+            continue
+        doc = store.get_json(key)
+        if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), dict):
+            continue
+        out[int(name)] = {k: float(v) for k, v in doc["metrics"].items()
+                          if isinstance(v, int | float) and not isinstance(v, bool)}
+    return out
