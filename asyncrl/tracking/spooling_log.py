@@ -13,16 +13,16 @@ or several (each run's steps in one batch), all within `deadline_s` (plus one re
    the call returns normally: the run goes on.
 A refusal (MLflow rejected the request itself: a bad value, a deleted run) is not spooled, since it would block
 every later entry; the other batches of the call are still sent, then the first refusal is raised, and the caller
-counts and logs it. An entry that MLflow refuses on replay, or that
-does not decode, is moved to `tracking/rejected/`.
+counts and logs it. An entry that MLflow refuses on replay, or that does not decode, is moved to
+`tracking/rejected/`.
 
 Exactly once, as far as MLflow allows: a spooled step keeps its timestamp, so a replay writes the very points the
 failed call meant to write, and MLflow's SQL store keeps one row per (key, step, timestamp, value): a replay of a
 batch that did reach MLflow before its answer was lost (or whose delete from S3 failed) adds nothing.
 
 Counters (`counters()`, logged by the trainer with each step): `tracking/spooled_total` (steps written to the
-spool), `tracking/replayed_total` (spooled steps MLflow took later), `tracking/failures_total` (failed MLflow
-attempts). `replay_run_spool` replays a run's spool from its `tracking.json` (finalize, `asyncrl tracking replay`).
+spool, in every run: a child run's figures at a step count as one), `tracking/replayed_total` (spooled steps MLflow
+took later), `tracking/failures_total` (failed MLflow attempts). `replay_run_spool` replays a run's spool from its `tracking.json` (finalize, `asyncrl tracking replay`).
 """
 
 from __future__ import annotations
