@@ -1,6 +1,6 @@
 """`asyncrl compare`: runs side by side from MLflow, as a table, PNG plots and one HTML page.
 
-    asyncrl compare [--experiment E] [--runs ID ...] [--filter "params.rollout.mode = 'sync'"]
+    asyncrl compare [--experiment E] [--runs ID ...] [--filter "params.rollout.mode = 'sync'"] [--children]
                     [--metric reward/accuracy --metric eval/accuracy] [--x step|samples|wall_s] [--out DIR]
                     [--tracking-uri URI | --runs-dir runs] [--log-to RUN_ID]
 
@@ -8,7 +8,8 @@ The tracking store is `--tracking-uri`, else $MLFLOW_TRACKING_URI, else the embe
 (`sqlite:///<runs-dir>/mlflow.db`, as `asyncrl run` writes it). Prints the table; writes `<out>/<metric>.png` for
 each metric, `<out>/table.tsv`, `<out>/index.html` and `<out>/plots.json` (per plot: each run's line and
 its number of points); with `--log-to RUN_ID` logs them as artifacts of that run
-(under `compare/`). Exit 2 with a message naming the option on a bad selection.
+(under `compare/`). An experiment's jobs are compared (their runs); `--children` adds their role instances' child
+runs (`asyncrl.tracking.child_runs`). Exit 2 with a message naming the option on a bad selection.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--experiment", default="asyncrl", help="the MLflow experiment whose runs to compare")
     p.add_argument("--runs", nargs="+", default=[], metavar="RUN_ID", help="compare these runs (any experiment)")
     p.add_argument("--filter", default="", help="an MLflow search filter, e.g. \"params.rollout.mode = 'sync'\"")
+    p.add_argument("--children", action="store_true",
+                   help="also compare the jobs' child runs (one per role instance: generation-0, ...)")
     p.add_argument("--metric", action="append", default=[],
                    help=f"a metric to compare; repeatable (default: {' '.join(DEFAULT_METRICS)})")
     p.add_argument("--x", choices=X_AXES, default="step", help="the plots' x axis")
@@ -60,7 +63,8 @@ def main(args: argparse.Namespace) -> None:
     metrics = list(dict.fromkeys(args.metric or DEFAULT_METRICS))
     client = MlflowClient(tracking_uri=uri)
     try:
-        runs = [load_history(client, r, metrics) for r in select_runs(client, args.experiment, args.runs, args.filter)]
+        runs = [load_history(client, r, metrics) for r in select_runs(client, args.experiment, args.runs, args.filter,
+                                                                 args.children)]
     except CompareError as err:
         _fail(str(err))
     missing = [m for m in metrics if not any(r.history.get(m) for r in runs)]

@@ -5,26 +5,31 @@ other roles' figures (`read_external`: their heartbeats and the environment writ
 logs the steps' metrics (`log`: MLflow). So a step makes no MLflow call and no S3 read for reporting; what it
 publishes in `versions/latest.json` carries the figures the thread read last (`external()`).
 
-The thread logs the steps queued since its last call together, in one call (one MLflow `log_batch` holds up to
-1,000 values), at most once every `log_every_s` unless a flush, a close or a `fresh` step asks for it sooner: one
-database commit for several steps, not one per step. The roles' figures change only when the roles rewrite them
+A read gives `Figures`: `job`, the figures of the job's own MLflow run (the writers' rollout counters, summed), and
+`children`, each role instance's own figures for its child run (`asyncrl.tracking.child_runs`: `generation-0` →
+its throughput, busy share, requests, system metrics, ...). The log function gets one batch per run: ("", the
+steps) for the job's run, then (child key, [its figures at the step they went with]) for each child that has some.
+
+The thread logs the steps queued since its last call together, in one call (one MLflow `log_batch` per run holds
+up to 1,000 values), at most once every `log_every_s` unless a flush, a close or a `fresh` step asks for it sooner:
+one database commit for several steps, not one per step. The roles' figures change only when the roles rewrite them
 (every few seconds), so they are logged once per read, at the newest step of the call that read them, not copied
 onto every step.
 
 Invariants:
 - steps are logged in the order submitted, each once, with the wall-clock time of its submission and its own
-  metrics; the figures of a read go with exactly one step (the newest of that call), and steps get figures in
-  increasing order: a step never gets them twice, and a step at or below the last one that got them (the trainer's
-  last counters logged again at the final step, an evaluation point at its older version) gets none and causes no
-  read;
+  metrics; the figures of a read go with exactly one step (the newest of that call: its step and timestamp, in the
+  job's run and in every child run), and steps get figures in increasing order: a step never gets them twice, and
+  a step at or below the last one that got them (the trainer's last counters logged again at the final step, an
+  evaluation point at its older version) gets none and causes no read;
 - a failure to read the figures or to log is logged as a warning and counted (`failures`: one per failed read,
   one per failed call), never raised into training (the figures of the failed read stay as they were); the steps
   of a failed call are not retried here: retrying, and keeping what MLflow does not take, is the log function's
-  (the trainer's is `asyncrl.tracking.spooling_log.SpoolingLog`, which raises only when MLflow refused the steps
-  or the spool could not be written);
+  (the trainer's is `asyncrl.tracking.spooling_log.SpoolingLog.log_runs`, which raises only when MLflow refused
+  some steps or the spool could not be written);
 - `flush(timeout_s)` returns True once every step submitted before it is logged (or its call failed), False when
   its deadline passed first; `close()` flushes (bounded) and stops the thread; both are idempotent;
-- `external()` is a copy of the figures as last read ({} before the first read);
+- `external()` is a copy of the last read's `published` figures ({} before the first read);
 - the figures are read for the first call, for a call holding a `fresh` step (the last one), and otherwise at
   most once every `read_every_s`.
 """
@@ -36,15 +41,28 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
 StepMetrics = tuple[dict[str, float], int, int]  # (metrics, step, timestamp in ms)
-LogFn = Callable[[list[StepMetrics]], None]
+RunSteps = tuple[str, list[StepMetrics]]  # (run: "" for the job's run, else a child run's key; its steps)
+LogFn = Callable[[list[RunSteps]], None]
+JOB = ""
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One read of the other roles' figures: `job` for the job's run, `children` per child run key, `published`
+    for `versions/latest.json` (`external()`; default: `job`)."""
+
+    job: dict[str, float] = field(default_factory=dict)
+    children: dict[str, dict[str, float]] = field(default_factory=dict)
+    published: dict[str, float] | None = None
 
 
 class StepReporter:
-    def __init__(self, read_external: Callable[[], dict[str, float]], log_fn: LogFn | None,
+    def __init__(self, read_external: Callable[[], Figures], log_fn: LogFn | None,
                  read_every_s: float = 0.0, log_every_s: float = 0.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._read_external = read_external
@@ -131,15 +149,17 @@ class StepReporter:
             # some: a step logged again (the trainer's last counters) or an older one (an evaluation point) gets none
             newest = max(range(len(entries)), key=lambda i: (entries[i][1], i))
             due = fresh or self._last_read is None or now - self._last_read >= self.read_every_s
+            children: list[RunSteps] = []
             if due and (self._figures_step is None or entries[newest][1] > self._figures_step):
                 self._last_read = now
                 try:
                     self.reads += 1
                     figures = self._read_external()
                     with self._cond:
-                        self._external = dict(figures)
+                        self._external = dict(figures.job if figures.published is None else figures.published)
                     metrics, step, ts = entries[newest]
-                    entries[newest] = ({**metrics, **figures}, step, ts)
+                    entries[newest] = ({**metrics, **figures.job}, step, ts)
+                    children = [(key, [(dict(m), step, ts)]) for key, m in sorted(figures.children.items()) if m]
                     self._figures_step = step
                 except Exception as e:  # the figures stay as last read
                     self.failures += 1
@@ -147,7 +167,7 @@ class StepReporter:
             try:
                 if self._log is not None:
                     self.calls += 1
-                    self._log(entries)
+                    self._log([(JOB, entries), *children])
                 self.logged += len(entries)
             except Exception as e:
                 self.failures += 1

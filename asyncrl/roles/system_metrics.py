@@ -1,11 +1,15 @@
 """A role's system figures (CPU, memory, GPU), sampled at each heartbeat and logged as MLflow system metrics.
 
 `SystemSampler.sample()` measures this role's process tree (the role and its children: vLLM's engine core, the
-torchrun workers): CPU use in cores since the previous sample, resident memory, thread count, and the machine's
-memory in use; with NVIDIA's management library present (`pynvml`, in the CUDA images), each visible GPU's
-utilisation and memory. The heartbeat carries them under `system` (`asyncrl.roles.liveness.Heartbeat`); the trainer
-logs every role's as `system/<role>/<id>/<name>` (`asyncrl.roles.role_metrics`), the names MLflow shows in a run's
-"System metrics" tab, so each role's load is browsable per run and comparable across runs.
+torchrun workers): CPU use in cores since the previous sample (`cpu_cores`), resident memory (`memory_rss_mb`),
+thread count (`threads`); and its machine as MLflow's own system metrics monitor names and measures it: CPU use of
+the whole machine since the previous sample (`cpu_utilization_percentage`), memory in use
+(`system_memory_usage_megabytes`, `system_memory_usage_percentage`) and, with NVIDIA's management library present
+(`pynvml`, in the CUDA images), each visible GPU's `gpu_<i>_utilization_percentage`,
+`gpu_<i>_memory_usage_megabytes` and `gpu_<i>_memory_usage_percentage` (megabytes are 10^6 bytes, as MLflow's). The
+heartbeat carries them under `system` (`asyncrl.roles.liveness.Heartbeat`); the trainer logs each role instance's as
+`system/<name>` in that instance's child run (`asyncrl.roles.role_metrics`), the names MLflow shows in a run's
+"System metrics" tab, so each role's load is browsable per instance and comparable across runs.
 
 Listing a process's children scans every process of the machine (/proc), which cost the environment role ~15% of
 its CPU when done at every beat; the tree is therefore listed once and again at most every `TREE_REFRESH_S` (a role's
@@ -46,6 +50,7 @@ class SystemSampler:
         except Exception:  # noqa: BLE001 - no NVIDIA library or no driver: no GPU figures
             self._nvml = None
         self._last_cpu = self._tree_cpu_s()
+        self._machine_cpu_percent()  # psutil measures the machine's CPU use from one call to the next
 
     def _tree(self) -> list[Any]:
         """The role and its children, listed again only every `tree_refresh_s`; in between, a process that ended is
@@ -75,6 +80,15 @@ class SystemSampler:
                 continue
         return total if seen else None
 
+    @staticmethod
+    def _machine_cpu_percent() -> float | None:
+        try:
+            import psutil
+
+            return float(psutil.cpu_percent(interval=None))
+        except Exception:  # noqa: BLE001 - no psutil: no figure
+            return None
+
     def sample(self) -> dict[str, float]:
         try:
             return self._sample()
@@ -100,7 +114,12 @@ class SystemSampler:
                 continue
         out["memory_rss_mb"] = rss / 2**20
         out["threads"] = float(threads)
-        out["system_memory_percent"] = float(psutil.virtual_memory().percent)
+        machine_cpu = self._machine_cpu_percent()
+        if machine_cpu is not None:
+            out["cpu_utilization_percentage"] = machine_cpu
+        memory = psutil.virtual_memory()
+        out["system_memory_usage_megabytes"] = memory.used / 1e6
+        out["system_memory_usage_percentage"] = float(memory.percent)
         if self._nvml is not None:
             out.update(self._gpus())
         return out
@@ -111,6 +130,7 @@ class SystemSampler:
             handle = nv.nvmlDeviceGetHandleByIndex(i)
             util = nv.nvmlDeviceGetUtilizationRates(handle)
             mem = nv.nvmlDeviceGetMemoryInfo(handle)
-            out[f"gpu_{i}_utilization_percent"] = float(util.gpu)
-            out[f"gpu_{i}_memory_used_mb"] = mem.used / 2**20
+            out[f"gpu_{i}_utilization_percentage"] = float(util.gpu)
+            out[f"gpu_{i}_memory_usage_megabytes"] = mem.used / 1e6
+            out[f"gpu_{i}_memory_usage_percentage"] = 100.0 * mem.used / mem.total if mem.total else 0.0
         return out

@@ -3,7 +3,9 @@
 The training role calls `after_step` after each step (never inside it; rank 0 alone has a report): it adds the
 step to the counters, builds the step's metrics, publishes `versions/latest.json` (version, per-writer consumed and
 trained counts, the run's counters, the weights' checksum, the weight group, metrics) and hands the metrics to the
-`StepReporter` thread (MLflow, the other roles' figures). MLflow gets them through a `SpoolingLog`: retried until
+`StepReporter` thread (MLflow, the other roles' figures: the job's run gets the steps and the writers' summed rollout
+counters, each role instance's child run its own figures, `asyncrl.tracking.child_runs`, made and found by the
+reporter's thread). MLflow gets them through a `SpoolingLog`: retried until
 `timeouts.http_s`, then kept in S3 under the run (`tracking/spool/`) and logged once MLflow is back, so an MLflow
 outage never stops training; its counters (`tracking/*`) go with every step's metrics, and once more at the last
 step after its own call when MLflow took that call (`finish`). `publish` is also called mid-step, when groups taken
@@ -23,10 +25,11 @@ from typing import Any
 
 from asyncrl.roles.context import RoleContext
 from asyncrl.roles.periodic_eval import eval_points
-from asyncrl.roles.role_metrics import read_role_metrics
-from asyncrl.roles.step_reporter import StepReporter
+from asyncrl.roles.role_metrics import heartbeat_metrics, instance_figures, read_heartbeats
+from asyncrl.roles.step_reporter import Figures, StepReporter
 from asyncrl.roles.weight_group import WeightGroup
 from asyncrl.storage.group_prefetch import GroupPrefetcher
+from asyncrl.tracking.child_runs import ChildRuns, child_key
 from asyncrl.tracking.mlflow_calls import REQUEST_TIMEOUT_S
 from asyncrl.tracking.mlflow_tracker import Tracker
 from asyncrl.tracking.spool import MetricSpool
@@ -114,10 +117,10 @@ class TrainingReport:
     def start(self) -> None:
         """Start the reporting thread (MLflow, through the spooling log, and the other roles' figures)."""
         if self.tracker is not None:
-            self.tracking = SpoolingLog(self.tracker.log_steps, MetricSpool(self.ctx.store, self.ctx.paths),
-                                        deadline_s=self.cfg.timeouts.http_s)
+            self.tracking = SpoolingLog(ChildRuns(self.tracker, self.ctx.store, self.ctx.paths).send,
+                                        MetricSpool(self.ctx.store, self.ctx.paths), deadline_s=self.cfg.timeouts.http_s)
         self.reporter = StepReporter(
-            self.external_metrics, self.tracking,
+            self.external_metrics, self.tracking.log_runs if self.tracking is not None else None,
             read_every_s=min(self.cfg.rollout.stats_interval_s, self.cfg.timeouts.heartbeat_s),
             log_every_s=REPORT_EVERY_S)
 
@@ -192,28 +195,36 @@ class TrainingReport:
             metrics.update(self.tracking.counters())
         return metrics
 
-    def external_metrics(self) -> dict[str, float]:
-        """The other roles' figures: the writers' rollout stats and every role's heartbeat metrics (S3 reads: the
-        step reporter's thread calls this, never the step)."""
+    def external_metrics(self) -> Figures:
+        """The other roles' figures: the writers' rollout stats and every role's heartbeat metrics, for the job's
+        run and each instance's child run (S3 reads: the step reporter's thread calls this, never the step)."""
         if self.cfg.eval.every_steps and self.reporter is not None:  # held-out points, each at its own step
             for metrics, version in eval_points(self.ctx.store, self.ctx.paths, self.eval_seen):
                 self.reporter.submit(metrics, version)
-        return {**self.rollout_metrics(), **read_role_metrics(self.ctx.store, self.ctx.paths)}
+        summed, per_writer = self.rollout_metrics()
+        beats = read_heartbeats(self.ctx.store, self.ctx.paths)
+        children = instance_figures(beats)
+        published = {**summed, **heartbeat_metrics(beats)}
+        for writer, figures in per_writer.items():
+            published.update({k.replace("rollout/", f"rollout/{writer}/", 1): v for k, v in figures.items()})
+            children.setdefault(child_key("environment", writer), {}).update(figures)
+        return Figures(job=summed, children=children, published=published)
 
-    def rollout_metrics(self) -> dict[str, float]:
-        """The environment writers' latest rollout metrics (`stats/<writer>.json`), summed over writers for
-        counters, per writer for the per-server figures."""
-        out: dict[str, float] = {}
+    def rollout_metrics(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        """The environment writers' latest rollout metrics (`stats/<writer>.json`): the counters summed over
+        writers (the job's run) and, per writer, its per-server figures (`rollout/server<i>/...`, its child run)."""
+        summed: dict[str, float] = {}
+        per_writer: dict[str, dict[str, float]] = {}
         for writer in sorted(self.groups.cursors):
             doc = self.ctx.store.get_json(self.ctx.paths.rollout_stats(writer))
             for k, v in (doc or {}).get("metrics", {}).items():
                 if not isinstance(v, int | float):
                     continue
                 if "/server" in k:
-                    out[k.replace("rollout/", f"rollout/{writer}/", 1)] = float(v)
+                    per_writer.setdefault(writer, {})[k] = float(v)
                 elif k != "rollout/version":
-                    out[k] = out.get(k, 0.0) + float(v)
-        return out
+                    summed[k] = summed.get(k, 0.0) + float(v)
+        return summed, per_writer
 
     def publish(self, version: int, metrics: dict[str, float], kept_by_writer: dict[str, int] | None = None) -> None:
         """Write `versions/latest.json`. `kept_by_writer` (mid-step, after stale drops): the groups read for the

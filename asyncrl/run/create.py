@@ -7,7 +7,9 @@ Both the embedded launcher (`asyncrl run`) and the pipeline's `setup` step call 
 - `model.json` records the run's model for the roles (they never build or choose one): a folder this machine
   resolved (embedded: `asyncrl.tiny_model.prepare`), or, for a run whose roles run elsewhere, `model.path` as given
   or the built-in tiny model built here and uploaded under the run's `model/` (written once: a retry keeps it);
-- the MLflow run is created (or joined: `join_run_id`, the run KFP injects as `MLFLOW_RUN_ID`) with the
+- the MLflow run is created (or joined: `join_run_id`, the run KFP's MLflow integration injects as `MLFLOW_RUN_ID`:
+  that is the setup task's own run, nested under KFP's run of the whole pipeline run, so the job's run is the root
+  of its chain of `mlflow.parentRunId` tags, `kfp_pipeline_run`; docs/mlflow_runs.md) with the
   configuration as parameters, the tags `asyncrl.run_url`, `asyncrl.mode`, the lineage tags (git commit, config
   digest: `asyncrl.run.lineage`) plus the caller's, and the task's train and eval splits as dataset inputs; it is
   recorded in
@@ -97,6 +99,23 @@ def record_model(store: S3Store, paths: RunPaths, cfg: RunConfig, folder: Path |
     return doc
 
 
+KFP_TASK_RUN_TAG = "kfp.mlflow_task_run_id"  # on the joined run: the setup task's own MLflow run
+_MAX_NESTING = 16
+
+
+def kfp_pipeline_run(client: Any, task_run_id: str) -> str:
+    """The root of the chain of runs `task_run_id` is nested in (following `mlflow.parentRunId`): KFP's MLflow run
+    of the pipeline run when `task_run_id` is a task's nested run; `task_run_id` itself when it has no parent."""
+    run_id = task_run_id
+    for _ in range(_MAX_NESTING):
+        parent = client.get_run(run_id).data.tags.get("mlflow.parentRunId")
+        if not parent:
+            return run_id
+        run_id = parent
+    raise ValueError(f"MLFLOW_RUN_ID {task_run_id}: expected a chain of at most {_MAX_NESTING} nested MLflow runs "
+                     "(mlflow.parentRunId), found a longer one")
+
+
 def open_tracking(store: S3Store, paths: RunPaths, cfg: RunConfig, tracking_uri: str, mode: str,
                   tags: dict[str, str] | None = None, join_run_id: str = "") -> Tracker | None:
     """Create (or join `join_run_id`) the run's MLflow run and record it in tracking.json; None without a URI.
@@ -114,8 +133,11 @@ def open_tracking(store: S3Store, paths: RunPaths, cfg: RunConfig, tracking_uri:
     params = flatten_params(cfg.model_dump(mode="json"))
     all_tags = {"asyncrl.run_url": run_url(cfg.storage.bucket, cfg.storage.prefix, cfg.run_id),
                 "asyncrl.mode": mode, **lineage_tags(cfg), **(tags or {})}
-    if join_run_id:  # KFP made the run: log into it
-        tracker = Tracker.attach(tracking_uri, join_run_id)
+    if join_run_id:  # KFP made the run: log into its run of the whole pipeline run
+        task = Tracker.attach(tracking_uri, join_run_id)
+        tracker = Tracker(task.client, kfp_pipeline_run(task.client, join_run_id), tracking_uri)
+        if tracker.run_id != join_run_id:
+            all_tags[KFP_TASK_RUN_TAG] = join_run_id
         tracker.log_params(params)
         for k, v in all_tags.items():
             tracker.client.set_tag(tracker.run_id, k, v)

@@ -10,12 +10,14 @@ the MLflow run's end.
 3. with MLflow tracking: logs every committed checkpoint not logged yet as an MLflow model that references its S3
    folder, and registers the best-by-eval (else the last) one as a version of `tracking.registered_model`
    (default `<experiment>-<config name>`; `asyncrl.run.checkpoint_models`, docs/models_in_mlflow.md), then ends the
-   MLflow run as FINISHED, KILLED (cancelled) or FAILED, after replaying the run's tracking spool
-   (`asyncrl.tracking.spooling_log`); with MLflow unavailable, `final_status.json` says so (`tracking_error`,
-   `tracking_spool_left`) and is written all the same.
+   MLflow run as FINISHED, KILLED (cancelled) or FAILED, and its role instances' child runs with it
+   (`asyncrl.tracking.child_runs`), after replaying the run's tracking spool (`asyncrl.tracking.spooling_log`); with
+   MLflow unavailable, `final_status.json` says so (`tracking_error`, `tracking_spool_left`) and is written all the
+   same.
 Idempotent: a retried finalize finds the marker, rewrites the status and registers nothing twice. `owns_run` says
 whether a pipeline run may end a run at all (a resumed run: only the pipeline run that resumed it last).
-`finish_tracking` ends an embedded run's MLflow run with the same status rule (`asyncrl.run.documents`).
+`finish_tracking` ends an embedded run's MLflow run and its child runs with the same status rule
+(`asyncrl.run.documents`).
 """
 
 from __future__ import annotations
@@ -98,23 +100,37 @@ def _end_tracking(store: S3Store, paths: RunPaths, tracking: dict[str, Any], reg
                               deadline_s=TRACKING_DEADLINE_S))
     try:
         retry_until(lambda: _end_run(tracking, mlflow_run_status), deadline, "MLflow: ending the run")
+        out["children_ended"] = _end_children(tracking, mlflow_run_status)
     except Exception as err:  # MLflow down (or refusing) must not lose the final status
         log.warning("MLflow unavailable at the run's end (%s): MLflow run not ended", err)
         out["tracking_error"] = str(err).splitlines()[0][:500]
     return out
 
 
+def _end_children(tracking: dict[str, Any], mlflow_run_status: str) -> list[str]:
+    """The run's child runs (one per role instance) ended with the run's status, retried like the rest."""
+    from mlflow import MlflowClient
+
+    from asyncrl.tracking.child_runs import end_children
+    from asyncrl.tracking.mlflow_calls import retry_until
+
+    client = MlflowClient(tracking_uri=tracking["tracking_uri"])
+    return retry_until(lambda: end_children(client, str(tracking["mlflow_run_id"]), mlflow_run_status),
+                       time.monotonic() + TRACKING_DEADLINE_S, "MLflow: ending the child runs")
+
+
 def finish_tracking(tracker: Tracker | None, succeeded: bool) -> None:
-    """End a run's MLflow run (embedded: the launcher's own tracker) as FINISHED or FAILED, retried until
-    TRACKING_DEADLINE_S; MLflow still unavailable: a warning (the run stays RUNNING in MLflow; `asyncrl tracking
-    replay --end STATUS` ends it later), never an error."""
+    """End a run's MLflow run and its child runs (embedded: the launcher's own tracker) as FINISHED or FAILED,
+    retried until TRACKING_DEADLINE_S; MLflow still unavailable: a warning (the run stays RUNNING in MLflow;
+    `asyncrl tracking replay --end STATUS` ends it later), never an error."""
     if tracker is None:
         return
+    from asyncrl.tracking.child_runs import end_with_children
     from asyncrl.tracking.mlflow_calls import retry_until
 
     try:
-        retry_until(lambda: tracker.finish(mlflow_status(succeeded)), time.monotonic() + TRACKING_DEADLINE_S,
-                    "MLflow: ending the run")
+        retry_until(lambda: end_with_children(tracker, mlflow_status(succeeded)),
+                    time.monotonic() + TRACKING_DEADLINE_S, "MLflow: ending the run")
     except Exception as err:  # the run's end goes on: its status is in S3
         log.warning("MLflow run %s not ended (%s): end it later with `asyncrl tracking replay --end %s`",
                     tracker.run_id, err, mlflow_status(succeeded))

@@ -20,7 +20,7 @@ trained on again once, none written before the crash is skipped. A finalize-writ
 `final_status.json` are removed, and so is the `stopped.json` of a cancelled attempt (`asyncrl.run.stop`; kept in
 the attempt's record as `previous_stop`), a grown `training.steps` is written to `config.json`, and a pipeline run's
 attempt is recorded in `resumes.json` (`{"current": <KFP run id>, "attempts": [...]}`), which `finalize` reads to
-know which pipeline run owns the run now. `reattach_tracking` sets the MLflow run back to RUNNING and tags it
+know which pipeline run owns the run now. `reattach_tracking` sets the MLflow run (and its child runs) back to RUNNING and tags it
 `asyncrl.resumed_from`; steps after the checkpoint are logged again.
 
 An embedded run's folder keeps its configuration (`runs/<run_id>/config.json`, `load_run_config`) and its S3 data.
@@ -213,16 +213,18 @@ def rewind_run(store: S3Store, paths: RunPaths, run_id: str) -> ResumePoint:
 
 def reattach_tracking(store: S3Store, paths: RunPaths, resume: RunResume,
                       tags: dict[str, Any] | None = None) -> Tracker | None:
-    """Set the run's MLflow run (from tracking.json) back to RUNNING and tag it `asyncrl.resumed_from` (the
-    checkpoint version), `asyncrl.training_steps` when the step count grew (MLflow params never change) and the
-    caller's `tags`; None when the run is not tracked."""
+    """Set the run's MLflow run (from tracking.json) and its child runs back to RUNNING and tag it
+    `asyncrl.resumed_from` (the checkpoint version), `asyncrl.training_steps` when the step count grew (MLflow params
+    never change) and the caller's `tags`; None when the run is not tracked."""
     tracking = store.get_json(paths.tracking())
     if not isinstance(tracking, dict) or not tracking.get("mlflow_run_id"):
         return None
+    from asyncrl.tracking.child_runs import reopen_children
     from asyncrl.tracking.mlflow_tracker import Tracker
 
     tracker = Tracker.attach(tracking["tracking_uri"], str(tracking["mlflow_run_id"]))
     tracker.client.update_run(tracker.run_id, status="RUNNING")
+    reopen_children(tracker.client, tracker.run_id)  # the role instances' child runs, ended with it
     all_tags: dict[str, Any] = {"asyncrl.resumed_from": resume.point.version, **(tags or {})}
     if "training_steps" in resume.record:
         all_tags["asyncrl.training_steps"] = resume.record["training_steps"]["now"]

@@ -8,7 +8,7 @@ writes `stopped.json` {role, id, signal, pid, time} by conditional PUT, so the
 first role stopped is the one recorded and nothing is ever overwritten. A stop after the `done` marker is the
 normal end of a run (the embedded launcher stops its serving roles that way) and records nothing.
 
-`end_tracking_killed` ends the run's MLflow run as KILLED (the training role calls it when stopped before the run
+`end_tracking_killed` ends the run's MLflow run and its child runs as KILLED (the training role calls it when stopped before the run
 was done: the exit task may never run). `finalize` reads the record (`asyncrl.run.documents.run_outcome`: a stop before the end, without a trainer failure, is a
 cancel → MLflow KILLED) and `resume` moves it into the attempt's record and deletes it, so that a resumed run
 starts with none.
@@ -44,15 +44,20 @@ def record_stop(store: S3Store, paths: RunPaths, role: str, role_id: str, signal
 
 
 def end_tracking_killed(store: S3Store, paths: RunPaths) -> str | None:
-    """End the run's MLflow run (from `tracking.json`) as KILLED; its id, or None when the run is not tracked. The
-    training role calls it when stopped before the run was done, since the pipeline's exit step may never run."""
+    """End the run's MLflow run (from `tracking.json`) and its child runs (`asyncrl.tracking.child_runs`) as KILLED;
+    its id, or None when the run is not tracked. The training role calls it when stopped before the run was done,
+    since the pipeline's exit step may never run."""
     tracking = store.get_json(paths.tracking())
     if not isinstance(tracking, dict) or not tracking.get("mlflow_run_id"):
         return None
     from mlflow import MlflowClient  # only a run that is tracked pays for the import
 
+    from asyncrl.tracking.child_runs import end_children
+
     run_id = str(tracking["mlflow_run_id"])
-    MlflowClient(tracking_uri=tracking["tracking_uri"]).set_terminated(run_id, status=OUTCOMES["cancelled"])
+    client = MlflowClient(tracking_uri=tracking["tracking_uri"])
+    end_children(client, run_id, OUTCOMES["cancelled"])
+    client.set_terminated(run_id, status=OUTCOMES["cancelled"])
     log.info("MLflow run %s ended as KILLED", run_id)
     return run_id
 

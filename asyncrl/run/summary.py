@@ -33,13 +33,15 @@ TRACKING_DEADLINE_S = 60.0  # the run's end: MLflow's retries for the spool's re
 
 def _log_summary(store: S3Store, paths: RunPaths, summary: dict[str, Any], tracker: Tracker, deadline_s: float) -> None:
     """The summary's numbers (after the spool) and the document to MLflow; `tracking_spool_left` added to it."""
+    from asyncrl.tracking.child_runs import ChildRuns
     from asyncrl.tracking.mlflow_calls import retry_until
     from asyncrl.tracking.spool import MetricSpool
     from asyncrl.tracking.spooling_log import SpoolingLog
 
     spool = MetricSpool(store, paths)
     numbers = {k: float(v) for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-    SpoolingLog(tracker.log_steps, spool, deadline_s)([(numbers, summary["final_version"], int(time.time() * 1000))])
+    SpoolingLog(ChildRuns(tracker, store, paths).send, spool, deadline_s)(  # the spool may hold child runs' steps
+        [(numbers, summary["final_version"], int(time.time() * 1000))])
     summary["tracking_spool_left"] = len(spool.keys())
     try:  # MLflow just failed for a whole deadline (entries left): one try, not another deadline
         retry_until(lambda: tracker.log_dict(summary, SUMMARY),

@@ -171,10 +171,11 @@ class Tracker:
         now = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
         self.log_steps([(metrics, step, now)])
 
-    def log_steps(self, steps: Sequence[tuple[Mapping[str, float], int, int]]) -> None:
+    def log_steps(self, steps: Sequence[tuple[Mapping[str, float], int, int]], run_id: str | None = None) -> None:
         """Log several steps' metrics, each (metrics, step, timestamp in ms), in as few calls as MLflow's batch
         limit allows (one database commit each); values as for `log_metrics`, all checked before anything is
-        sent."""
+        sent. `run_id`: another run of the same store (a child run, `asyncrl.tracking.child_runs`); default this
+        tracker's."""
         items = []
         for metrics, step, timestamp_ms in steps:
             for k, v in metrics.items():
@@ -186,7 +187,7 @@ class Tracker:
                     raise ValueError(f"metric {k!r}: expected a finite number or NaN, got {value}")
                 items.append(Metric(key=k, value=value, timestamp=int(timestamp_ms), step=int(step)))
         for i in range(0, len(items), _METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=items[i : i + _METRICS_PER_BATCH], synchronous=True)
+            self.client.log_batch(run_id or self.run_id, metrics=items[i : i + _METRICS_PER_BATCH], synchronous=True)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         items = [RunTag(k, str(v)) for k, v in tags.items()]

@@ -2,8 +2,9 @@
 
 When MLflow was still unavailable at a run's end, the metrics it did not take stay in S3 under the run
 (`tracking/spool/`, `asyncrl.tracking.spool`); this command replays them, oldest first, into the MLflow run the
-run's `tracking.json` names, deleting each entry once MLflow took it. `--end FINISHED|FAILED|KILLED` then ends the
-MLflow run (a run whose end MLflow missed stays RUNNING there). The S3 endpoint and credentials come from the
+run's `tracking.json` names (and its role instances' child runs: each entry names its run), deleting each entry once
+MLflow took it. `--end FINISHED|FAILED|KILLED` then ends the MLflow run and its child runs (a run whose end MLflow
+missed stays RUNNING there). The S3 endpoint and credentials come from the
 environment (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`), as for every role. Prints one JSON
 line ({"replayed": steps, "left": entries, "failures": failed attempts}); exit status 1 when entries are left.
 """
@@ -44,10 +45,12 @@ def main(args: argparse.Namespace) -> int:
                          "(tracking_uri, mlflow_run_id); the run is not tracked or does not exist")
     result = replay_run_spool(store, paths, tracking, args.deadline_s)
     if args.end and not result["left"]:
+        from asyncrl.tracking.child_runs import end_with_children
         from asyncrl.tracking.mlflow_tracker import Tracker
 
         tracker = Tracker.for_run(str(tracking["tracking_uri"]), str(tracking["mlflow_run_id"]))
-        retry_until(lambda: tracker.finish(args.end), time.monotonic() + args.deadline_s, "MLflow: ending the run")
+        retry_until(lambda: end_with_children(tracker, args.end), time.monotonic() + args.deadline_s,
+                    "MLflow: ending the run")
         result["ended"] = args.end
     print(json.dumps(result))
     return 1 if result["left"] else 0

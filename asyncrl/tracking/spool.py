@@ -3,8 +3,10 @@
 Under the run, `tracking/spool/<seq:012d>.json`, one JSON document per entry (never pickle), written once with a
 conditional PUT, in increasing `seq`:
     {"kind": "metrics", "steps": [{"step": 3, "timestamp_ms": 1764670000000, "metrics": {"reward/mean": 0.5,
-     "train/loss": "NaN"}}, ...], "time": ..., "error": "why it was spooled"}
-Metric values are numbers; NaN is the string "NaN" (S3 documents are strict JSON). An entry that cannot be read
+     "train/loss": "NaN"}}, ...], "time": ..., "error": "why it was spooled", "run": "generation-0"}
+Metric values are numbers; NaN is the string "NaN" (S3 documents are strict JSON). `run` says which MLflow run the
+steps belong to: absent (entries written before child runs) or "" for the job's run, else the key of one of its
+child runs (`asyncrl.tracking.child_runs`); a replay sends each entry to its run. An entry that cannot be read
 back as one of these is moved to `tracking/rejected/<seq>.json` by whoever replays the spool, never lost.
 
 Invariants: entries are read back in `seq` order, exactly as written (metrics with their step and the wall-clock
@@ -46,12 +48,21 @@ def _decode_value(key: str, name: str, v: Any) -> float:
     return float(v)
 
 
-def metrics_entry(steps: Sequence[StepMetrics], error: str) -> dict[str, Any]:
-    """The spool document for `steps` (values must already be numbers: Tracker.log_steps checked them)."""
-    return {"kind": METRICS, "time": time.time(), "error": error[:500],
+def metrics_entry(steps: Sequence[StepMetrics], error: str, run: str = "") -> dict[str, Any]:
+    """The spool document for `steps` of run `run` ("": the job's; values must already be numbers:
+    Tracker.log_steps checked them)."""
+    return {"kind": METRICS, "time": time.time(), "error": error[:500], "run": run,
             "steps": [{"step": int(step), "timestamp_ms": int(ts),
                        "metrics": {k: _encode_value(float(v)) for k, v in metrics.items()}}
                       for metrics, step, ts in steps]}
+
+
+def decode_run(key: str, doc: Any) -> str:
+    """The run of a spool entry ("" for the job's); SpoolEntryError naming `key` when `run` is not a string."""
+    run = doc.get("run", "") if isinstance(doc, dict) else ""
+    if not isinstance(run, str):
+        raise SpoolEntryError(f"{key}: run: expected the key of the MLflow run (a string), got {run!r}")
+    return run
 
 
 def decode_steps(key: str, doc: Any) -> list[StepMetrics]:
@@ -108,11 +119,16 @@ class MetricSpool:
     def read(self, key: str) -> list[StepMetrics] | None:
         """The steps of the entry at `key` (None if it is gone); SpoolEntryError naming the key when it is not an
         entry."""
+        entry = self.read_entry(key)
+        return None if entry is None else entry[1]
+
+    def read_entry(self, key: str) -> tuple[str, list[StepMetrics]] | None:
+        """(its run, its steps) of the entry at `key` (None if it is gone); SpoolEntryError as for `read`."""
         try:
             doc = self.store.get_json(key)
         except ValueError as err:
             raise SpoolEntryError(str(err)) from err
-        return None if doc is None else decode_steps(key, doc)
+        return None if doc is None else (decode_run(key, doc), decode_steps(key, doc))
 
     def delete(self, key: str) -> None:
         self.store.delete(key)

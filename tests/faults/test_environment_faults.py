@@ -115,7 +115,8 @@ def test_mlflow_has_environment_metrics(finished_run):
     run_dir, config, _ = finished_run
     cfg = load_config(config)
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir.parent / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name(cfg.tracking.experiment).experiment_id])
+    (run,) = client.search_runs([client.get_experiment_by_name(cfg.tracking.experiment).experiment_id],
+                                "tags.`asyncrl.child` IS NULL")  # the job's run, not its role instances' children
     for name in ("env/success_rate", "env/mean_turns", "env/faults", "env/episodes"):
         steps = [m.step for m in client.get_metric_history(run.info.run_id, name)]  # once per read, and the last step
         assert len(set(steps)) == len(steps) and cfg.training.steps in steps, name

@@ -3,7 +3,8 @@ own process) tracks to a real `mlflow server` (sqlite store in the test's folder
 server stops answering (SIGSTOP) for longer than the trainer's retry deadline (`timeouts.http_s`), so the
 trainer's MLflow calls time out and their steps go to the run's tracking spool in S3; then the stopped server is
 killed and a new one started on the same port and store. The run goes on throughout and finishes; afterwards the
-MLflow run holds every step's metrics exactly once, `tracking/spooled_total` > 0, and the spool in S3 is empty.
+MLflow run holds every step's metrics exactly once, `tracking/spooled_total` > 0, and the spool in S3 is empty; each
+role instance has one child run (issue 18), ended with the run.
 The environment writer is held (SIGSTOP) from the first step of the outage until the new server answers, so the
 run cannot end before MLflow is back (an end with MLflow down is tests/faults/test_finalize_mlflow_down.py's)."""
 
@@ -27,6 +28,7 @@ from mlflow import MlflowClient
 from asyncrl.local.seaweed import EmbeddedS3
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
+from asyncrl.tracking.child_runs import CHILD_TAG, child_runs
 from asyncrl.tracking.spool import SPOOL
 
 pytestmark = pytest.mark.integration
@@ -185,4 +187,11 @@ def _outage_run(mlflow_dir: Path, port: int, servers: list[subprocess.Popen], ru
     assert metrics["tracking/spooled_total"] > 0 and metrics["tracking/failures_total"] > 0, metrics
     assert metrics["tracking/replayed_total"] == metrics["tracking/spooled_total"], metrics
     assert metrics["samples_trained"] == summary["samples_trained"]  # the summary, logged after the outage
+    children = child_runs(client, mlflow_run.info.run_id)  # the role instances' runs: made once each, outage or not
+    keys = [r.data.tags[CHILD_TAG] for r in children]
+    assert len(keys) == len(set(keys)) and {"generation-0", "training-0"} <= set(keys), keys
+    assert all(r.info.status == "FINISHED" for r in children), [(r.info.run_name, r.info.status) for r in children]
+    cpu = client.get_metric_history(children[keys.index("generation-0")].info.run_id, "system/cpu_cores")
+    steps = [m.step for m in cpu]  # at the steps they were read at, each once (those of the outage replayed)
+    assert len(steps) == len(set(steps)) and STEPS in steps, steps
     return figures, metrics, summary

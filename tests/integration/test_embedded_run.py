@@ -3,9 +3,10 @@ tests/faults/test_embedded_faults.py), DeepSpeed, SeaweedFS and MLflow.
 
 Checks what issue 2 asks of the embedded launcher: groups are in S3; the version advanced; after the last sync
 the weights in every vLLM worker equal the trainer's (checksums); every trained sample satisfied the α bound;
-MLflow has the step metrics; a committed checkpoint exists; no process is left running. Issue 18: each committed
-checkpoint is an MLflow model of the run at its step, and the registered version (the best by eval) loads with
-transformers with the checkpoint's logits.
+MLflow has the step metrics in the job's run and each role instance's figures in its child run (issue 18); a
+committed checkpoint exists; no process is left running. Issue 18: each committed checkpoint is an MLflow model of
+the run at its step, and the registered version (the best by eval) loads with transformers with the checkpoint's
+logits.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from asyncrl.storage.checkpoints import committed_versions, latest_committed_ver
 from asyncrl.storage.groups import GroupReader
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
+from asyncrl.tracking.child_runs import CHILD_TAG, PARENT_TAG, child_runs
 from asyncrl.weights.buckets import checksums_match
 from tests.integration.conftest import SMOKE_OVERRIDES, SMOKE_RUN_ID, mlflow_run
 
@@ -109,18 +111,42 @@ def test_mlflow_has_step_metrics(finished_run):
         assert cfg.training.steps in steps, name
     admitted = sorted(client.get_metric_history(run.info.run_id, "rollout/admitted_groups"), key=lambda m: m.step)
     assert admitted[-1].value >= cfg.training.steps * cfg.rollout.prompts_per_step - cfg.rollout.prompts_per_step
-    busy = client.get_metric_history(run.info.run_id, "rollout/env0/server0/busy_fraction")
-    assert busy and all(0.0 <= m.value <= 1.0 for m in busy)
     evals = sorted(client.get_metric_history(run.info.run_id, "eval/accuracy"), key=lambda m: m.step)
     assert evals and evals[0].step == 0  # the warm start first, then points at the versions that generated them
     assert len({m.step for m in evals}) == len(evals) and all(0 <= m.step <= cfg.training.steps for m in evals)
     assert all(0.0 <= m.value <= 1.0 for m in evals)
     assert all(m.value == cfg.task.num_eval for m in client.get_metric_history(run.info.run_id, "eval/n"))
-    for role in ("generation/0", "training/0", "environment/env0", "reward/0"):  # each role's system figures
-        rss = client.get_metric_history(run.info.run_id, f"system/{role}/memory_rss_mb")
-        assert rss and all(m.value > 10 for m in rss), role
-        assert client.get_metric_history(run.info.run_id, f"system/{role}/cpu_cores"), role
     assert run.data.params["rollout.async_ratio"] == str(cfg.rollout.async_ratio)
+    assert not [k for k in run.data.metrics if k.startswith(("system/", "generation/", "environment/", "reward/0"))]
+
+
+def test_each_role_instance_has_a_child_run_with_its_own_figures(finished_run):
+    run_dir, _ = finished_run
+    cfg = load_config(ROOT / "configs/smoke.yaml", OVERRIDES)
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir.parent / 'mlflow.db'}")
+    job = mlflow_run(run_dir.parent, SMOKE_RUN_ID, cfg.tracking.experiment)
+    children = {r.data.tags[CHILD_TAG]: r for r in child_runs(client, job.info.run_id)}
+    assert sorted(children) == ["environment-env0", "generation-0", "reward-0", "training-0"]  # each made once
+    steps = set(range(1, cfg.training.steps + 1))
+
+    def history(key: str, name: str) -> list[mlflow.entities.Metric]:
+        return client.get_metric_history(children[key].info.run_id, name)
+
+    for key, child in children.items():
+        assert child.info.run_name == key and child.data.tags[PARENT_TAG] == job.info.run_id
+        assert child.info.status == "FINISHED", key  # ended with the job's run
+        rss, machine = history(key, "system/memory_rss_mb"), history(key, "system/cpu_utilization_percentage")
+        assert rss and all(m.value > 10 for m in rss), key  # the role's own process tree
+        assert machine and all(0.0 <= m.value <= 100.0 for m in machine), key  # MLflow's system metric name
+        assert history(key, "system/system_memory_usage_megabytes"), key
+        # read every few seconds, logged at the training step they were read at, each step once
+        logged = [m.step for m in rss]
+        assert len(set(logged)) == len(logged) and set(logged) <= steps and cfg.training.steps in logged, key
+    tokens = history("generation-0", "generation/tokens_generated")
+    assert tokens and max(m.value for m in tokens) > 0
+    busy = history("environment-env0", "rollout/server0/busy_fraction")
+    assert busy and all(0.0 <= m.value <= 1.0 for m in busy)
+    assert history("reward-0", "reward/scored")
 
 
 def test_each_checkpoint_is_an_mlflow_model_and_the_best_by_eval_is_registered(finished_run, monkeypatch, tmp_path):

@@ -1,7 +1,8 @@
 """`asyncrl compare` on two real embedded runs (the smoke run and the algorithms run of this session, in one MLflow
 store: tests/integration/conftest.py): the table has a row per run and names the parameters that differ, each PNG
 decodes and shows both runs' lines in their own colours, plots.json says which lines each plot drew, the HTML page
-holds the table and every plot inline, and `--log-to` logs them as artifacts of a run."""
+holds the table and every plot inline, and `--log-to` logs them as artifacts of a run; the runs' role instances'
+child runs are left out unless `--children` asks for them."""
 
 from __future__ import annotations
 
@@ -64,6 +65,17 @@ def test_compare_two_real_runs(smoke_run, algorithms_run, tmp_path):
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{runs_dir / 'mlflow.db'}")
     logged = {Path(a.path).name for a in client.list_artifacts(smoke.info.run_id, "compare")}
     assert {"reward_mean.png", "train_loss.png", "table.tsv", "index.html", "plots.json"} <= logged
+
+
+def test_compare_children_adds_the_role_instances_runs(smoke_run, algorithms_run, tmp_path):
+    out = tmp_path / "children"
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", "compare", "--runs-dir", str(algorithms_run.parent), "--children",
+         "--filter", "tags.`asyncrl.role` = 'generation'", "--metric", "generation/tokens_generated", "--out",
+         str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    names = {r.split("\t")[0].split(" (")[0] for r in (out / "table.tsv").read_text().splitlines()[1:]}
+    assert names == {f"{SMOKE_RUN_ID}/generation-0", f"{ALGORITHMS_RUN_ID}/generation-0"}
 
 
 def test_compare_names_a_bad_selection(smoke_run, tmp_path):

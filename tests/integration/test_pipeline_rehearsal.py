@@ -12,6 +12,7 @@ import pytest
 
 from asyncrl.cluster.pipeline_cli import DEFAULT_YAML
 from asyncrl.cluster.rehearsal_runner import RehearsalFailed, rehearse
+from asyncrl.tracking.child_runs import child_runs
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,10 +80,12 @@ def test_mlflow_run_has_the_kfp_run_id_and_step_metrics(rehearsal):
     assert run.info.status == "FINISHED"  # finalize ended it
     for name in ("train/loss", "reward/mean", "staleness/max"):
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, name)) == [1, 2], name
-    # every other role's own figures, named by role and instance (from their heartbeats; their values lag by up to
-    # two heartbeats, so test_role_liveness checks the values and this checks the names)
-    for name in ("generation/0/tokens_generated", "reward/0/scored"):
-        assert client.get_metric_history(run.info.run_id, name), name
+    # every other role's own figures, in its instance's child run (from their heartbeats; their values lag by up to
+    # two heartbeats, so test_role_liveness checks the values and this checks the names), ended with the job's run
+    children = {r.data.tags["asyncrl.child"]: r for r in child_runs(client, run.info.run_id)}
+    for key, name in (("generation-0", "generation/tokens_generated"), ("reward-0", "reward/scored")):
+        assert client.get_metric_history(children[key].info.run_id, name), name
+        assert children[key].info.status == "FINISHED", key
 
 
 def test_no_process_left(rehearsal):

@@ -1,7 +1,7 @@
 """Liveness: the peer-watch decision on exact observation sequences, and role-named heartbeat metrics."""
 
 from asyncrl.roles.liveness import PeerWatch
-from asyncrl.roles.role_metrics import heartbeat_metrics
+from asyncrl.roles.role_metrics import heartbeat_metrics, instance_figures
 
 
 def test_peer_alive_while_seq_advances_and_gone_after_peer_s_of_no_change() -> None:
@@ -68,6 +68,25 @@ def test_system_figures_of_every_role_the_trainer_included() -> None:
     }
 
 
+def test_instance_figures_are_keyed_by_child_run_with_the_role_and_mlflow_system_names() -> None:
+    docs = [
+        {"role": "generation", "id": "0", "metrics": {"busy_s": 1.5, "ok": True},
+         "system": {"cpu_utilization_percentage": 40.0, "gpu_0_utilization_percentage": 90, "cpu_cores": 0.5}},
+        {"role": "generation", "id": "1", "metrics": {"busy_s": 0.5}},
+        {"role": "training", "id": "0", "metrics": {"step": 3}, "system": {"system_memory_usage_percentage": 61.0}},
+        {"role": "reward", "id": "0", "metrics": {}, "system": {}},  # nothing to log: no child run
+        {"role": "reward", "id": "a'b", "metrics": {"scored": 1}},  # not a valid id: left out
+        {"role": "sampler", "id": "0", "metrics": {"x": 1}},  # not a role: left out
+        None,
+    ]
+    assert instance_figures(docs) == {
+        "generation-0": {"generation/busy_s": 1.5, "system/cpu_utilization_percentage": 40.0,
+                         "system/gpu_0_utilization_percentage": 90.0, "system/cpu_cores": 0.5},
+        "generation-1": {"generation/busy_s": 0.5},
+        "training-0": {"system/system_memory_usage_percentage": 61.0},  # the trainer's own metrics are the job's
+    }
+
+
 def test_system_sampler_measures_this_process_tree() -> None:
     import subprocess
     import sys
@@ -83,9 +102,11 @@ def test_system_sampler_measures_this_process_tree() -> None:
     finally:
         child.kill()
         child.wait()
-    assert set(busy) >= {"cpu_cores", "memory_rss_mb", "threads", "system_memory_percent"}
-    assert busy["cpu_cores"] > 0.05
-    assert busy["memory_rss_mb"] > 10 and busy["threads"] >= 1 and 0 < busy["system_memory_percent"] <= 100
+    assert set(busy) >= {"cpu_cores", "memory_rss_mb", "threads", "cpu_utilization_percentage",
+                         "system_memory_usage_megabytes", "system_memory_usage_percentage"}
+    assert busy["cpu_cores"] > 0.05 and 0 < busy["cpu_utilization_percentage"] <= 100  # MLflow's names: the machine
+    assert busy["memory_rss_mb"] > 10 and busy["threads"] >= 1 and 0 < busy["system_memory_usage_percentage"] <= 100
+    assert busy["system_memory_usage_megabytes"] > busy["memory_rss_mb"]
     assert not any(k.startswith("gpu_") for k in busy)  # no NVIDIA library on this machine
 
 

@@ -1,17 +1,32 @@
-"""The trainer's step reporter: steps logged in order, several per call, the roles' figures once per read; failures
-counted and never raised; flush and close bounded."""
+"""The trainer's step reporter: steps logged in order, several per call, the roles' figures once per read (the job's
+with the newest step, each role instance's in its child run at that step); failures counted and never raised; flush
+and close bounded."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
-from asyncrl.roles.step_reporter import StepMetrics, StepReporter
+from asyncrl.roles.step_reporter import Figures, RunSteps, StepMetrics, StepReporter
+
+
+def job(read: Callable[[], dict[str, float]]) -> Callable[[], Figures]:
+    """A read of figures for the job's run only."""
+    return lambda: Figures(job=read())
+
+
+def job_steps(log: Callable[[list[StepMetrics]], object]) -> Callable[[list[RunSteps]], None]:
+    """A log function given the job's steps (the calls here have no child figures)."""
+    def log_fn(batches: list[RunSteps]) -> None:
+        assert [run for run, _ in batches] == [""], batches
+        log(batches[0][1])
+    return log_fn
 
 
 def test_steps_are_logged_in_order_and_the_figures_once_per_read() -> None:
     reads = iter([{"rollout/a": 1.0}, {"rollout/a": 2.0, "gen/b": 5.0}])
     calls: list[list[StepMetrics]] = []
-    r = StepReporter(lambda: next(reads), lambda entries: calls.append([(m, s, 0) for m, s, _ in entries]))
+    r = StepReporter(job(lambda: next(reads)), job_steps(lambda entries: calls.append([(m, s, 0) for m, s, _ in entries])))
     assert r.external() == {}
     r.submit({"loss": 0.5, "rollout/a": 0.0}, 1)
     assert r.flush(10.0)
@@ -27,7 +42,7 @@ def test_steps_are_logged_in_order_and_the_figures_once_per_read() -> None:
 def test_steps_queued_within_log_every_s_go_in_one_call_with_the_figures_on_the_newest() -> None:
     now = {"t": 0.0}
     calls: list[list[tuple[dict[str, float], int]]] = []
-    r = StepReporter(lambda: {"rollout/x": 7.0}, lambda entries: calls.append([(m, s) for m, s, _ in entries]),
+    r = StepReporter(job(lambda: {"rollout/x": 7.0}), job_steps(lambda entries: calls.append([(m, s) for m, s, _ in entries])),
                      read_every_s=0.0, log_every_s=3600.0, clock=lambda: now["t"])
     r.submit({"loss": 1.0}, 1)
     assert r.flush(10.0)  # the first call goes at once
@@ -42,7 +57,7 @@ def test_steps_queued_within_log_every_s_go_in_one_call_with_the_figures_on_the_
 
 def test_a_fresh_step_is_logged_without_waiting() -> None:
     logged = threading.Event()
-    r = StepReporter(dict, lambda entries: logged.set(), log_every_s=3600.0)
+    r = StepReporter(Figures, lambda batches: logged.set(), log_every_s=3600.0)
     r.submit({}, 1)
     assert r.flush(10.0)
     logged.clear()
@@ -67,7 +82,7 @@ def test_failures_are_counted_never_raised_and_the_last_figures_stay() -> None:
         if entries[-1][1] == 3:
             raise RuntimeError("MLflow down")
 
-    r = StepReporter(read, log_fn)
+    r = StepReporter(job(read), job_steps(log_fn))
     for step in (1, 2, 3):
         r.submit({"s": float(step)}, step)
         assert r.flush(10.0)
@@ -78,7 +93,7 @@ def test_failures_are_counted_never_raised_and_the_last_figures_stay() -> None:
 
 def test_flush_is_bounded_and_the_caller_never_waits_on_a_slow_log() -> None:
     release = threading.Event()
-    r = StepReporter(dict, lambda entries: release.wait(10))
+    r = StepReporter(Figures, lambda batches: release.wait(10))
     r.submit({}, 1)  # returns at once although logging blocks
     assert r.flush(0.05) is False
     release.set()
@@ -95,7 +110,8 @@ def test_the_figures_are_read_at_most_every_read_every_s_and_for_a_fresh_step() 
         return {"rollout/reads": float(reads["n"])}
 
     logged: list[tuple[float | None, int]] = []
-    r = StepReporter(read, lambda entries: logged.extend((m.get("rollout/reads"), s) for m, s, _ in entries),
+    r = StepReporter(job(read), job_steps(lambda entries: logged.extend((m.get("rollout/reads"), s)
+                                                                  for m, s, _ in entries)),
                      read_every_s=5.0, clock=lambda: now["t"])
     for step, t in ((1, 100.0), (2, 101.0), (3, 104.9), (4, 105.0), (5, 106.0)):
         now["t"] = t
@@ -118,7 +134,7 @@ def test_no_step_gets_the_figures_twice_nor_an_older_step_after_a_newer_one() ->
         return {"rollout/reads": float(reads["n"])}
 
     calls: list[list[tuple[dict[str, float], int]]] = []
-    r = StepReporter(read, lambda entries: calls.append([(m, s) for m, s, _ in entries]))
+    r = StepReporter(job(read), job_steps(lambda entries: calls.append([(m, s) for m, s, _ in entries])))
     r.submit({"loss": 1.0}, 3, fresh=True)  # the last step
     assert r.flush(10.0)
     r.submit({"tracking/spooled_total": 0.0}, 3, fresh=True)  # logged again at the same step: no second read
@@ -130,4 +146,24 @@ def test_no_step_gets_the_figures_twice_nor_an_older_step_after_a_newer_one() ->
     assert calls == [[({"loss": 1.0, "rollout/reads": 1.0}, 3)], [({"tracking/spooled_total": 0.0}, 3)],
                      [({"eval/accuracy": 0.5}, 2)], [({"loss": 0.5, "rollout/reads": 2.0}, 4)]]
     assert r.reads == 2
+    r.close()
+
+
+def test_each_instance_figures_go_to_its_child_run_at_the_step_the_job_figures_go_with() -> None:
+    reads = iter([Figures(), Figures(job={"rollout/a": 1.0}, children={"generation-0": {"generation/busy_s": 1.5},
+                                                            "reward-0": {}},
+                          published={"rollout/a": 1.0, "generation/0/busy_s": 1.5})])
+    calls: list[list[RunSteps]] = []
+    r = StepReporter(lambda: next(reads), calls.append, log_every_s=3600.0)
+    r.submit({}, 0)
+    assert r.flush(10.0)  # the first call goes at once; the next waits for the flush
+    r.submit({"loss": 1.0}, 1)
+    r.submit({"loss": 0.5}, 2)
+    assert r.flush(10.0)
+    batches = calls[1]
+    job_steps_, [(generation_run, [(figures, step, ts)])] = batches[0], batches[1:]  # reward-0 had none: no batch
+    assert job_steps_[0] == "" and [(m, s) for m, s, _ in job_steps_[1]] == [({"loss": 1.0}, 1),
+                                                                          ({"loss": 0.5, "rollout/a": 1.0}, 2)]
+    assert (generation_run, figures, step, ts) == ("generation-0", {"generation/busy_s": 1.5}, 2, job_steps_[1][1][2])
+    assert r.external() == {"rollout/a": 1.0, "generation/0/busy_s": 1.5}
     r.close()

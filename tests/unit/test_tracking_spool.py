@@ -16,7 +16,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, TEMPORARILY_UNAVAILABLE
 
-from asyncrl.roles.step_reporter import StepReporter
+from asyncrl.roles.step_reporter import Figures, StepReporter
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
 from asyncrl.tracking.mlflow_calls import REQUEST_TIMEOUT_S, retry_until, transient
@@ -54,7 +54,7 @@ class FakeMlflow:
     def sleep(self, s: float) -> None:
         self.now += s
 
-    def send(self, steps) -> None:
+    def send(self, run: str, steps) -> None:
         self.attempts += 1
         self.now += self.call_s
         if not self.up:
@@ -98,7 +98,7 @@ def test_a_batch_is_retried_until_the_deadline_then_spooled_and_replayed_first_o
 def test_spooled_values_come_back_exactly_nan_and_timestamps_included(s3_store: S3Store) -> None:
     spool = _spool(s3_store)
     steps = [({"a": 0.1, "b": float("nan"), "c": 3}, 7, 1_764_670_000_123)]
-    log = SpoolingLog(lambda s: (_ for _ in ()).throw(DOWN), spool, deadline_s=0.01)
+    log = SpoolingLog(lambda r, s: (_ for _ in ()).throw(DOWN), spool, deadline_s=0.01)
     log(steps)
     [(metrics, step, ts)] = spool.read(spool.keys()[0])
     assert (step, ts, metrics["a"], metrics["c"]) == (7, 1_764_670_000_123, 0.1, 3.0) and math.isnan(metrics["b"])
@@ -135,14 +135,14 @@ def test_the_reporter_thread_goes_on_while_mlflow_is_down_and_logs_everything_af
     up = threading.Event()
     logged: list[int] = []
 
-    def send(steps) -> None:
+    def send(run: str, steps) -> None:
         if not up.is_set():
             raise ConnectionError("MLflow down")
         logged.extend(s for _, s, _ in steps)
 
     spool = _spool(s3_store)
     log = SpoolingLog(send, spool, deadline_s=0.2)
-    reporter = StepReporter(dict, log)
+    reporter = StepReporter(Figures, log.log_runs)
     for step in range(1, 6):
         reporter.submit({"loss": float(step)}, step)
         assert reporter.flush(30.0)
@@ -178,7 +178,7 @@ def test_mlflow_keeps_one_point_when_a_batch_is_replayed_twice_and_the_run_spool
     tracker = Tracker.create(uri, "spool-test", "r")
     spool = _spool(s3_store)
     for steps in (_steps(1, 2), _steps(2, 3)):  # step 2 twice, as a replay of a batch MLflow did take would
-        SpoolingLog(lambda s: (_ for _ in ()).throw(DOWN), spool, deadline_s=0.01)(steps)
+        SpoolingLog(lambda r, s: (_ for _ in ()).throw(DOWN), spool, deadline_s=0.01)(steps)
     tracking = {"tracking_uri": uri, "mlflow_run_id": tracker.run_id}
     assert replay_run_spool(s3_store, spool.paths, tracking, 30.0) == {"replayed": 4, "left": 0, "failures": 0}
     history = MlflowClient(tracking_uri=uri).get_metric_history(tracker.run_id, "reward/mean")
