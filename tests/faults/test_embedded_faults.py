@@ -37,6 +37,7 @@ import pytest
 from asyncrl.storage.groups import metadata_groups
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
+from tests.helpers.run_processes import kill_run_processes
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +69,7 @@ def _wait_for(path: Path, texts: list[str], proc: subprocess.Popen, timeout_s: f
 
 def _kill_run(launcher: subprocess.Popen, run_id: str, run_dir: Path) -> None:
     """A failed test: the launcher and every process of the run go (stopped ones are woken first)."""
+    kill_run_processes(run_dir)  # first, while the roles live: their vLLM engine processes go with them
     procs = [*_procs("asyncrl.roles", f"/{run_id}"), *_procs("torch.distributed.run", f"/{run_id}"),
              *_procs("weed", str(run_dir))]
     for p in procs:
