@@ -10,6 +10,7 @@ import pytest
 
 from asyncrl.local.seaweed import EmbeddedS3
 from asyncrl.storage.s3 import S3Store
+from tests.helpers.env_vars import restored_env
 
 
 @pytest.fixture(scope="session")
@@ -17,18 +18,13 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
     """A real SeaweedFS server on loopback; its credentials are exported to os.environ for boto3."""
     server = EmbeddedS3(tmp_path_factory.mktemp("s3") / "data")
     server.start(timeout_s=90)
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ["AWS_ACCESS_KEY_ID"] = server.access_key
-    os.environ["AWS_SECRET_ACCESS_KEY"] = server.secret_key
-    try:
-        yield server
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with restored_env(("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")):
+        os.environ["AWS_ACCESS_KEY_ID"] = server.access_key
+        os.environ["AWS_SECRET_ACCESS_KEY"] = server.secret_key
+        try:
+            yield server
+        finally:
+            server.stop()
 
 
 @pytest.fixture

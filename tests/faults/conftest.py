@@ -4,20 +4,16 @@ after it that uses the session's S3 server (tests/conftest.py) is not left with 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
+
+from tests.helpers.env_vars import restored_env
 
 RESTORED = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "ASYNCRL_ROLE_TOKEN")
 
 
 @pytest.fixture(autouse=True)
 def _credentials_restored() -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in RESTORED}
-    yield
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with restored_env(RESTORED):
+        yield

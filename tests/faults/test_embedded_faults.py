@@ -1,6 +1,6 @@
 """Faults on a real embedded run (SeaweedFS, vLLM, DeepSpeed, every role its own process), one after another:
 
-1. the S3 server stops answering (SIGSTOP) for 10 s after step 1: every S3 call waits and retries within
+1. the S3 server stops answering (SIGSTOP) for 5 s after step 1: every S3 call waits and retries within
    `timeouts.storage_s`, heartbeats ride it out (`timeouts.peer_s`), the run goes on;
 2. a trajectory object the trainer has not read yet is truncated: the trainer moves it aside to `quarantine/`,
    counts it and skips it (its group's B samples are lost, and counted);
@@ -37,10 +37,13 @@ import pytest
 from asyncrl.storage.groups import metadata_groups
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
+from tests.helpers.run_processes import kill_run_processes
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-STEPS, B, G, STALL_S = 16, 4, 4, 10.0  # steps, groups per step, samples per group (smoke.yaml)
+STEPS, B, G, STALL_S = 16, 4, 4, 5.0  # steps, groups per step, samples per group (smoke.yaml)
+# STALL_S: the S3 calls made meanwhile wait (the client's read timeout is 30 s), and the roles' heartbeats ride it
+# out (`timeouts.peer_s`, 120 s): 5 s shows that as well as 10 s did.
 COLLECTIVE_S = 15.0
 
 
@@ -66,6 +69,7 @@ def _wait_for(path: Path, texts: list[str], proc: subprocess.Popen, timeout_s: f
 
 def _kill_run(launcher: subprocess.Popen, run_id: str, run_dir: Path) -> None:
     """A failed test: the launcher and every process of the run go (stopped ones are woken first)."""
+    kill_run_processes(run_dir)  # first, while the roles live: their vLLM engine processes go with them
     procs = [*_procs("asyncrl.roles", f"/{run_id}"), *_procs("torch.distributed.run", f"/{run_id}"),
              *_procs("weed", str(run_dir))]
     for p in procs:

@@ -30,6 +30,7 @@ from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
 from asyncrl.tracking.child_runs import CHILD_TAG, child_runs
 from asyncrl.tracking.spool import SPOOL
+from tests.helpers.run_processes import kill_run_processes
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,6 +95,7 @@ def _until(what: str, cond, run: subprocess.Popen, timeout_s: float = 400) -> No
 
 
 def _kill_run(run: subprocess.Popen, run_id: str, run_dir: Path) -> None:
+    kill_run_processes(run_dir)  # first, while the roles live: their vLLM engine processes go with them
     for p in [*_procs("asyncrl.roles", f"/{run_id}"), *_procs("weed", str(run_dir))]:
         with contextlib.suppress(psutil.Error):
             p.send_signal(signal.SIGCONT)

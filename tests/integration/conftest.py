@@ -16,6 +16,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
+from tests.helpers.env_vars import restored_env
 from tests.helpers.subprocess_runs import run_embedded
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,16 +58,9 @@ def algorithms_run(embedded_runs_dir: Path) -> Path:
     """The run folder of the algorithms run."""
     # A torch.distributed launcher variable pointing at a taken port must not reach the roles (the trainer would
     # try to bind it): the launcher strips them.
-    saved = os.environ.get("MASTER_PORT")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy, restored_env(["MASTER_PORT"]):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         os.environ["MASTER_PORT"] = str(busy.getsockname()[1])
-        try:
-            run_embedded(ROOT / "configs/smoke.yaml", embedded_runs_dir, ALGORITHMS_RUN_ID, ALGORITHMS_OVERRIDES)
-        finally:
-            if saved is None:
-                os.environ.pop("MASTER_PORT", None)
-            else:
-                os.environ["MASTER_PORT"] = saved
+        run_embedded(ROOT / "configs/smoke.yaml", embedded_runs_dir, ALGORITHMS_RUN_ID, ALGORITHMS_OVERRIDES)
     return embedded_runs_dir / ALGORITHMS_RUN_ID

@@ -9,7 +9,6 @@ later steps are off-policy and the importance weights do real work. The critics'
 from __future__ import annotations
 
 import math
-import os
 import random
 
 import httpx
@@ -22,6 +21,7 @@ from asyncrl.tracking.mlflow_tracker import Tracker
 from asyncrl.training.batch import build_batch
 from asyncrl.training.learner import Learner
 from asyncrl.types import Group, Sample
+from tests.helpers.env_vars import restored_env
 from tests.helpers.generation_server import shared_generation_server
 
 pytestmark = pytest.mark.integration
@@ -55,14 +55,8 @@ EXTRA_EXPECTED = {
 @pytest.fixture(autouse=True)
 def _restore_dist_env():
     """The in-process trainer fills in MASTER_PORT & co. (a lone rank 0); leave the test process as it was."""
-    keys = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
-    saved = {k: os.environ.get(k) for k in keys}
-    yield
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with restored_env(("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.helpers.run_processes import kill_run_processes, processes_of_run
+
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,6 +30,17 @@ def _run_processes(run_dir: Path) -> list[int]:
         if str(run_dir) in cmd or any(str(run_dir) in v for v in env.values()):
             found.append(p.info["pid"])
     return found
+
+
+def _engine_cores(run_dir: Path) -> list[int]:
+    """The run's vLLM engine core processes (found as descendants of its roles: their retitling can blank their
+    environment)."""
+    cores = []
+    for p in processes_of_run(run_dir):
+        with contextlib.suppress(psutil.Error):
+            if "EngineCore" in " ".join(p.cmdline()):
+                cores.append(p.pid)
+    return cores
 
 
 def test_ctrl_c_stops_everything(tmp_path):
@@ -52,13 +65,19 @@ def test_ctrl_c_stops_everything(tmp_path):
                 break
             time.sleep(0.5)
         assert started, "the launcher never started a generation server"
-        time.sleep(15)  # the engine is starting: its EngineCore and worker processes exist
+        # the engine is starting: the Ctrl-C must find its EngineCore process (vLLM titles it VLLM::EngineCore)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None and not _engine_cores(run_dir):
+            time.sleep(0.5)
+        assert _engine_cores(run_dir), "no vLLM EngineCore process of the run appeared"
         assert len(_run_processes(run_dir)) >= 3
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    except BaseException:
+        kill_run_processes(run_dir)  # a failed test leaves no role or engine behind either
+        proc.kill()
+        proc.wait(30)
+        raise
     assert proc.returncode == 130, out[-2000:]
     assert "interrupted: all roles stopped" in out
     time.sleep(1)
