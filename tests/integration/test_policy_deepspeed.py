@@ -145,7 +145,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_policy_trainer_zero_stage(stage: int, model_dir: Path) -> None:
     res = run_lone_trainer_script(HERE, str(stage), str(model_dir))
-    assert res["init_s"] < 30, res
     assert res["align_err"] < 1e-5, res
     assert res["names_ok"], res
     # On-policy batch: prox == behav == logp at the step start, so w = r = 1 and nothing clips.
