@@ -269,6 +269,7 @@ class TrainingRunner:
         if not result.checkpoint or snap is None:
             return
         assert snap.optimizer is not None and self.groups is not None and self.report is not None
+        self.report.flush_before_checkpoint()
         opt_tensors, skeleton = flatten_optimizer_state(snap.optimizer)
         meta = {"version": result.version, "cursors": self.groups.cursors, "counters": self.report.run_counters(),
                 "optimizer_skeleton": skeleton}

@@ -252,6 +252,13 @@ class TrainingReport:
         c["gaps_skipped"] += len(self.groups.gaps_skipped)
         return c
 
+    def flush_before_checkpoint(self) -> None:
+        """The steps submitted so far in MLflow before a checkpoint commits, so that a crash after the commit loses
+        none of the steps the resumed run will not train again (it retrains only those after the checkpoint). With
+        MLflow down (the spool behind) the steps go to the spool in the reporter's own time: no wait here."""
+        if self.reporter is not None and not (self.tracking is not None and self.tracking.behind):
+            self.reporter.flush(self.log_call_s() + 5.0)
+
     def finish(self, version: int) -> None:
         """Every step in MLflow (or in the tracking spool, MLflow being down), then the run's `done` marker: whoever
         ends the run then finds the spool complete."""

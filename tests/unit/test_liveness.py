@@ -106,7 +106,11 @@ def test_system_sampler_measures_this_process_tree() -> None:
                          "system_memory_usage_megabytes", "system_memory_usage_percentage"}
     assert busy["cpu_cores"] > 0.05 and 0 < busy["cpu_utilization_percentage"] <= 100  # MLflow's names: the machine
     assert busy["memory_rss_mb"] > 10 and busy["threads"] >= 1 and 0 < busy["system_memory_usage_percentage"] <= 100
-    assert busy["system_memory_usage_megabytes"] > busy["memory_rss_mb"]
+    # the machine's memory in use, not compared with the tree's RSS (which counts shared and file-backed pages
+    # that the machine's figure leaves out: after the whole suite the pytest process's RSS exceeds it)
+    import psutil
+
+    assert 0 < busy["system_memory_usage_megabytes"] <= psutil.virtual_memory().total / 1e6
     assert not any(k.startswith("gpu_") for k in busy)  # no NVIDIA library on this machine
 
 
