@@ -49,7 +49,7 @@ class SystemSampler:
             self._nvml = pynvml
         except Exception:  # noqa: BLE001 - no NVIDIA library or no driver: no GPU figures
             self._nvml = None
-        self._last_cpu = self._tree_cpu_s()
+        self._last_cpu = self._tree_cpu_s(self._tree())
         self._machine_cpu_percent()  # psutil measures the machine's CPU use from one call to the next
 
     def _tree(self) -> list[Any]:
@@ -67,11 +67,12 @@ class SystemSampler:
                 self._procs = []
         return self._procs
 
-    def _tree_cpu_s(self, procs: list[Any] | None = None) -> float | None:
+    @staticmethod
+    def _tree_cpu_s(procs: list[Any]) -> float | None:
         import psutil
 
         total, seen = 0.0, False
-        for p in self._tree() if procs is None else procs:
+        for p in procs:
             try:
                 t = p.cpu_times()
                 total += t.user + t.system
