@@ -77,18 +77,13 @@ def finalize(store: S3Store, paths: RunPaths, status: str) -> dict[str, Any]:
     return doc
 
 
-def _end_run(tracking: dict[str, Any], mlflow_run_status: str) -> None:
-    from mlflow import MlflowClient
-
-    MlflowClient(tracking_uri=tracking["tracking_uri"]).set_terminated(tracking["mlflow_run_id"],
-                                                                      status=mlflow_run_status)
-
-
 def _end_tracking(store: S3Store, paths: RunPaths, tracking: dict[str, Any], registered_name: str,
                   mlflow_run_status: str) -> dict[str, Any]:
     """The tracking spool replayed, the model registered, the MLflow run ended: what goes into final_status.json.
     MLflow unavailable: `tracking_error` says so and the spool stays in S3 (`tracking_spool_left` entries)."""
+    from asyncrl.tracking.child_runs import end_with_children
     from asyncrl.tracking.mlflow_calls import bound_http_requests, retry_until
+    from asyncrl.tracking.mlflow_tracker import Tracker
     from asyncrl.tracking.spooling_log import replay_run_spool
 
     bound_http_requests()
@@ -99,24 +94,13 @@ def _end_tracking(store: S3Store, paths: RunPaths, tracking: dict[str, Any], reg
     out.update(publish_models(store, paths, tracking, registered_name, by_reference=True,
                               deadline_s=TRACKING_DEADLINE_S))
     try:
-        retry_until(lambda: _end_run(tracking, mlflow_run_status), deadline, "MLflow: ending the run")
-        out["children_ended"] = _end_children(tracking, mlflow_run_status)
+        tracker = Tracker.for_run(str(tracking["tracking_uri"]), str(tracking["mlflow_run_id"]))
+        out["children_ended"] = retry_until(lambda: end_with_children(tracker, mlflow_run_status), deadline,
+                                            "MLflow: ending the run and its child runs")
     except Exception as err:  # MLflow down (or refusing) must not lose the final status
         log.warning("MLflow unavailable at the run's end (%s): MLflow run not ended", err)
         out["tracking_error"] = str(err).splitlines()[0][:500]
     return out
-
-
-def _end_children(tracking: dict[str, Any], mlflow_run_status: str) -> list[str]:
-    """The run's child runs (one per role instance) ended with the run's status, retried like the rest."""
-    from mlflow import MlflowClient
-
-    from asyncrl.tracking.child_runs import end_children
-    from asyncrl.tracking.mlflow_calls import retry_until
-
-    client = MlflowClient(tracking_uri=tracking["tracking_uri"])
-    return retry_until(lambda: end_children(client, str(tracking["mlflow_run_id"]), mlflow_run_status),
-                       time.monotonic() + TRACKING_DEADLINE_S, "MLflow: ending the child runs")
 
 
 def finish_tracking(tracker: Tracker | None, succeeded: bool) -> None:

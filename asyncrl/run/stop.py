@@ -50,14 +50,12 @@ def end_tracking_killed(store: S3Store, paths: RunPaths) -> str | None:
     tracking = store.get_json(paths.tracking())
     if not isinstance(tracking, dict) or not tracking.get("mlflow_run_id"):
         return None
-    from mlflow import MlflowClient  # only a run that is tracked pays for the import
-
-    from asyncrl.tracking.child_runs import end_children
+    # only a run that is tracked pays for MLflow's import
+    from asyncrl.tracking.child_runs import end_with_children
+    from asyncrl.tracking.mlflow_tracker import Tracker
 
     run_id = str(tracking["mlflow_run_id"])
-    client = MlflowClient(tracking_uri=tracking["tracking_uri"])
-    end_children(client, run_id, OUTCOMES["cancelled"])
-    client.set_terminated(run_id, status=OUTCOMES["cancelled"])
+    end_with_children(Tracker.for_run(str(tracking["tracking_uri"]), run_id), OUTCOMES["cancelled"])
     log.info("MLflow run %s ended as KILLED", run_id)
     return run_id
 
