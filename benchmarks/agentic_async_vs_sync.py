@@ -53,7 +53,7 @@ def run_real(name: str, overrides: list[str], args: argparse.Namespace) -> dict:
     run_id = f"bench-agentic-{name}-{int(time.time())}"
     runs_dir = Path(args.runs_dir).resolve()
     cmd = [sys.executable, "-m", "asyncrl.cli", "run", args.config, "--set", f"runs_dir={runs_dir}",
-           "--set", f"run_id={run_id}", "--set", f"training.steps={args.steps}", "--set", "eval_before_after=false"]
+           "--set", f"run_id={run_id}", "--set", f"training.steps={args.steps}", "--set", "eval.every_steps=0"]
     for o in overrides:
         cmd += ["--set", o]
     print(f"[real {name}] {' '.join(overrides)}", flush=True)

@@ -34,7 +34,7 @@ DEFAULT_VARIANTS = [
 def run_variant(name: str, overrides: list[str], args: argparse.Namespace, runs_dir: Path, stamp: str) -> dict:
     run_id = f"bench-{stamp}-{name}"  # one stamp per invocation: `mlflow_filter` in the JSON selects its runs
     cmd = [sys.executable, "-m", "asyncrl.cli", "run", args.config, "--set", f"runs_dir={runs_dir}",
-           "--set", f"run_id={run_id}", "--set", f"training.steps={args.steps}", "--set", "eval_before_after=false",
+           "--set", f"run_id={run_id}", "--set", f"training.steps={args.steps}",
            "--set", f"tracking.experiment={args.experiment}", "--set", f"eval.every_steps={args.eval_every}"]
     for o in overrides:
         cmd += ["--set", o]

@@ -58,7 +58,7 @@ from asyncrl.tiny_model.prepare import resolve_model_path  # noqa: E402
 
 SIZES = {"256": 32, "5000": 625}  # samples per step -> prompts per step (8 samples each)
 COMMON = ["rollout.samples_per_prompt=8", "rollout.max_new_tokens=6", "rollout.async_ratio=1",
-          "training.steps=1000000", "eval_before_after=false"]
+          "training.steps=1000000", "eval.every_steps=0"]
 CONTROL_PLANE = ("environment", "reward", "s3_weed", "generation_standin")
 TARGET_MS, TARGET_RATIO = 1.0, 1.2
 

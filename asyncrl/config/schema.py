@@ -448,9 +448,11 @@ class NetworkConfig(_Section):
 class EvalConfig(_Section):
     """Held-out evaluation during training, through the running generation servers, logged as `eval/*` curves."""
 
-    every_steps: int = Field(0, ge=0, description="Evaluate the servers' weights every this many versions (0: off); "
-                             "the first point is the warm start (version 0). Done by the first environment writer, "
-                             "in embedded and cluster runs alike; its requests are never training samples.")
+    every_steps: int = Field(50, ge=0, description="Evaluate the servers' weights on the held-out split every this many "
+                             "versions, and at the warm start (version 0) and the final version (0: off). Done by the "
+                             "first environment writer, in embedded and cluster runs alike; its requests are never "
+                             "training samples. The summary's eval_accuracy_before/after are the first and last "
+                             "points.")
     attempts: int = Field(3, ge=1, le=10, description="Evaluations re-run when a request's tokens span a weight "
                           "update (mixed versions) before the point is logged with `eval/mixed_requests` > 0.")
 
@@ -472,7 +474,15 @@ class RunConfig(_Section):
     network: NetworkConfig = NetworkConfig()
     env: EnvConfig | None = Field(None, description="Agentic multi-turn task; replaces `task` when set.")
     eval: EvalConfig = EvalConfig()
-    eval_before_after: bool = Field(True, description="Greedy accuracy on the eval split before and after training.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _replaced_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "eval_before_after" in data:
+            raise ValueError("eval_before_after: no longer a field; the held-out evaluation runs during training "
+                             "(eval.every_steps, default 50, with points at the warm start and the final version; "
+                             "eval.every_steps: 0 turns it off)")
+        return data
 
     @model_validator(mode="after")
     def _cross_field(self) -> RunConfig:

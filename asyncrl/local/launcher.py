@@ -1,6 +1,6 @@
 """The embedded launcher: one whole run on one machine, with the same role entrypoints a cluster uses.
 
-It owns process supervision only (the S3 server, the role processes, progress, evaluation through the servers);
+It owns process supervision only (the S3 server, the role processes, progress, the servers' weight checks);
 the run's documents, resume, summary and tracking are `asyncrl.run`'s, the very functions the pipeline's steps call.
 
 `asyncrl run CONFIG` → `run_embedded(cfg)`:
@@ -8,17 +8,16 @@ the run's documents, resume, summary and tracking are `asyncrl.run`'s, the very 
 2. starts SeaweedFS on loopback with its data in the run folder (kept after the run), creates the run
    (`asyncrl.run.create`: `config.json`, `model.json`, `tracking.json`, the MLflow run in a local sqlite store
    beside the run folders), or with `--resume` rewinds it (`asyncrl.run.resume`);
-3. starts reward and generation roles, waits until they published their addresses, evaluates the warm start on
-   the held-out split through the generation servers;
+3. starts reward and generation roles and waits until they published their addresses;
 4. starts the training and environment roles, shows live progress from `versions/latest.json`, stops at the
-   `done` marker (or on the first role that fails, or on Ctrl-C);
-5. evaluates again, compares every server's weight checksum with the trainer's, stops every process, and writes
-   `run_summary.json` (`asyncrl.run.summary`).
+   `done` marker (or on the first role that fails, or on Ctrl-C); the held-out evaluation runs inside the run
+   (`eval.every_steps`, the first environment writer), warm start and final version included;
+5. compares every server's weight checksum with the trainer's, stops every process, and writes `run_summary.json`
+   (`asyncrl.run.summary`, with the first and last evaluation points as `eval_accuracy_before/after`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import json
@@ -36,12 +35,8 @@ from typing import Any
 import httpx
 
 from asyncrl.config import RunConfig
-from asyncrl.evaluation.agentic import evaluate_agentic
-from asyncrl.evaluation.single_turn import evaluate
 from asyncrl.local.processes import ProcessGroup
 from asyncrl.local.seaweed import EmbeddedS3
-from asyncrl.models.tokenizer import load_tokenizer
-from asyncrl.rewards.custom import scorer_for
 from asyncrl.roles.context import base_url, wait_for_rendezvous
 from asyncrl.rpc.auth import TOKEN_ENV, auth_headers, new_token
 from asyncrl.run.checkpoint_models import publish_embedded_models, registered_model_name
@@ -55,9 +50,9 @@ from asyncrl.run.summary import (
     training_summary,
     weights_in_sync,
 )
+from asyncrl.storage.eval_points import unseen_points
 from asyncrl.storage.run_layout import RunPaths, run_url
 from asyncrl.storage.s3 import S3Store
-from asyncrl.tasks.datasets import load_split
 from asyncrl.tiny_model.prepare import resolve_model_path
 from asyncrl.tracking.mlflow_tracker import Tracker, embedded_tracking_uri
 
@@ -209,6 +204,7 @@ class EmbeddedRun:
         latest: dict[str, Any] = {}
         steps = self.cfg.training.steps
         last_done_check = float("-inf")
+        evals_shown: set[int] = set()
         while True:
             self.check_children()
             doc = store.get_json(self.paths.versions_latest())
@@ -224,25 +220,23 @@ class EmbeddedRun:
             # the trainer writes `done` after its last step: look for it then, and every FOLLOW_DONE_S meanwhile
             if int(latest.get("version", -1)) >= steps or time.monotonic() - last_done_check >= FOLLOW_DONE_S:
                 last_done_check = time.monotonic()
+                if self.cfg.eval.every_steps:
+                    self.show_eval_points(store, evals_shown)
                 if store.exists(self.paths.done()):
+                    self.show_eval_points(store, evals_shown)
                     return store.get_json(self.paths.versions_latest()) or latest
             time.sleep(FOLLOW_POLL_S)
 
-    # ---- evaluation and checks -----------------------------------------------------------------------
     @property
     def eval_metric(self) -> str:
         return "held-out success rate" if self.cfg.env is not None else "accuracy"
 
-    def evaluate(self, gen_docs: list[dict[str, Any]], tokenizer: Any, tag: str) -> dict[str, Any]:
-        if self.cfg.env is not None:  # agentic: greedy success rate on the held-out levels
-            return asyncio.run(evaluate_agentic([base_url(d) for d in gen_docs], self.cfg, tokenizer,
-                                                timeout_s=self.cfg.timeouts.http_s, tag=tag, token=self.role_token))
-        problems = load_split(self.cfg.task, "eval")
-        return asyncio.run(evaluate([base_url(d) for d in gen_docs], problems, tokenizer, task=self.cfg.task.name,
-                                    max_new_tokens=self.cfg.rollout.max_new_tokens,
-                                    timeout_s=self.cfg.timeouts.http_s, tag=tag, token=self.role_token,
-                                    scorer=scorer_for(self.cfg.task.reward)))
+    def show_eval_points(self, store: S3Store, shown: set[int]) -> None:
+        for metrics, version in unseen_points(store, self.paths, shown):
+            _print(f"held-out eval at version {version:>4}: {self.eval_metric} {metrics['eval/accuracy']:.3f} "
+                   f"({int(metrics['eval/correct'])}/{int(metrics['eval/n'])})")
 
+    # ---- checks -----------------------------------------------------------------------------------------------
     def server_checksums(self, gen_docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []
         with httpx.Client(timeout=self.cfg.timeouts.http_s, headers=auth_headers(self.role_token)) as client:
@@ -259,7 +253,6 @@ class EmbeddedRun:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         _print(f"asyncrl run {cfg.run_id}: folder {self.run_dir}")
         model_path = resolve_model_path(cfg)
-        tokenizer = load_tokenizer(model_path)
         st = cfg.storage
         with ExternalS3(st.endpoint_url, st.region) if st.endpoint_url else EmbeddedS3(self.run_dir / "s3") as s3:
             os.environ.update(s3.env())  # this process talks to S3 with the server's credentials too
@@ -267,7 +260,7 @@ class EmbeddedRun:
             self.write_run_documents(store, model_path)
             self.procs = ProcessGroup(self.run_dir / "logs", self.child_env(s3))
             try:
-                return self._run_roles(store, tokenizer, t_start)
+                return self._run_roles(store, t_start)
             finally:
                 _print("stopping all roles")
                 self.procs.stop_all()
@@ -305,21 +298,17 @@ class EmbeddedRun:
         procs.start("training-0", "torch.distributed.run",
                     ["--standalone", "--nnodes", "1", "--nproc-per-node", str(n), "-m", "asyncrl.roles.training", *args])
 
-    def _run_roles(self, store: S3Store, tokenizer: Any, t_start: float) -> dict[str, Any]:
+    def _run_roles(self, store: S3Store, t_start: float) -> dict[str, Any]:
         cfg, procs = self.cfg, self.procs
         assert procs is not None
         common = ["--run-url", self.url]
-        serving = [*common, "--on-done", "stay"]  # evaluated through after the run; stopped by this launcher
+        serving = [*common, "--on-done", "stay"]  # their checksums are read after the run; stopped by this launcher
         procs.start("reward-0", "asyncrl.roles.reward", [*serving, "--id", "0"])
         for i in range(cfg.generation.num_servers):
             procs.start(f"generation-{i}", "asyncrl.roles.generation", [*serving, "--id", str(i)])
         _print(f"starting {cfg.generation.num_servers} generation server(s) (vLLM engine start takes ~35 s each)")
         gen_docs = self.wait_roles(store, "generation", cfg.generation.num_servers)
         self.wait_roles(store, "reward", 1)
-
-        before = self.evaluate(gen_docs, tokenizer, "eval-before") if cfg.eval_before_after and not self.resume else None
-        if before:
-            _print(f"eval before training: {self.eval_metric} {before['accuracy']:.3f} ({before['correct']}/{before['n']})")
         t_train = time.monotonic()
         self.start_training(procs, [*common, "--id", "0"])
         for w in range(cfg.rollout.num_writers):
@@ -327,16 +316,10 @@ class EmbeddedRun:
         latest = self.follow(store)
         train_wall = time.monotonic() - t_train
         gen_docs = final_group(latest) or gen_docs  # the servers that got the last push (restarts move them)
-
-        after = self.evaluate(gen_docs, tokenizer, "eval-after") if cfg.eval_before_after else None
-        if after:
-            _print(f"eval after training:  {self.eval_metric} {after['accuracy']:.3f} ({after['correct']}/{after['n']})")
         checksums = self.server_checksums(gen_docs)
         in_sync = weights_in_sync(checksums, latest)
         summary = {
             **training_summary(store, self.paths, self.url, cfg.training.steps, latest),
-            "eval_accuracy_before": before["accuracy"] if before else None,
-            "eval_accuracy_after": after["accuracy"] if after else None,
             "wall_s": time.monotonic() - t_start,
             "train_wall_s": train_wall,
             "weights_in_sync": in_sync,
@@ -348,6 +331,10 @@ class EmbeddedRun:
             raise RunFailed(f"generation servers' weights differ from the trainer's: {checksums} vs {latest.get('checksum')}")
         publish_summary(store, self.paths, summary, self.tracker, self.run_dir)
         _print(json.dumps(summary, indent=2))
+        if summary["eval_accuracy_after"] is not None:
+            before = summary["eval_accuracy_before"]
+            _print(f"held-out {self.eval_metric}: {'-' if before is None else f'{before:.3f}'} at the warm start, "
+                   f"{summary['eval_accuracy_after']:.3f} at version {summary['final_version']}")
         return summary
 
 

@@ -4,15 +4,18 @@ Before its first rollout the writer records the warm start (`point(0)`: the trai
 groups, so the servers still hold version 0; a resumed run records the version they serve). Then, while the run
 trains, `PeriodicEval.run` evaluates the generation servers' current weights on the held-out split
 (the task's verifier, greedy; an agentic task's held-out levels) each time the trainer has published a version at
-or past the next due point (every, 2·every, ...). Its requests go straight to
+or past the next due point (every, 2·every, ..., and always the run's final version, `training.steps`: the end of
+the curve, which the run summary reports as `eval_accuracy_after`); it returns once that point is recorded. The
+trainer waits (bounded) for the final point before it writes the run's `done` marker, so the point is logged while
+the servers still serve. Its requests go straight to
 the servers (`asyncrl.evaluation`), never through the rollout scheduler, so they are never training samples.
 
 Attribution: a point belongs to the weight version that generated its tokens. An evaluation whose requests span a
 weight update (a request's tokens from two versions, or requests from different versions) is re-run, up to
 `eval.attempts` times; the last attempt is then recorded at its newest version with `eval/mixed_requests` > 0. A
 version already recorded is not recorded again. Each point is written to S3 as `eval/<version>.json` (written once,
-by conditional PUT); the trainer logs it as `eval/*` metrics at that step (`eval_points`, read by the training
-report's thread). A failed evaluation (a server restarting) is logged and tried again at the next poll.
+by conditional PUT); the trainer logs it as `eval/*` metrics at that step
+(`asyncrl.storage.eval_points.unseen_points`, read by the training report's thread). A failed evaluation (a server restarting) is logged and tried again at the next poll.
 """
 
 from __future__ import annotations
@@ -27,22 +30,18 @@ from asyncrl.evaluation.agentic import evaluate_agentic
 from asyncrl.evaluation.single_turn import evaluate
 from asyncrl.rewards.custom import scorer_for
 from asyncrl.roles.context import RoleContext
-from asyncrl.storage.run_layout import RunPaths
-from asyncrl.storage.s3 import ObjectExists, S3Store
+from asyncrl.storage.eval_points import eval_key
+from asyncrl.storage.s3 import ObjectExists
 from asyncrl.tasks.datasets import load_split
 
 log = logging.getLogger(__name__)
-EVAL_PREFIX = "eval/"
 POLL_S = 1.0
 
 
-def eval_key(paths: RunPaths, version: int) -> str:
-    return paths.file(f"{EVAL_PREFIX}{version:08d}.json")
-
-
-def next_due(version: int, every: int) -> int:
-    """The first due point after `version` (points are the multiples of `every`)."""
-    return (version // every + 1) * every
+def next_due(version: int, every: int, last: int) -> int:
+    """The first due point after `version`: the next multiple of `every`, or `last` (the run's final version, always
+    a point: the end of the curve) if that comes first."""
+    return min((version // every + 1) * every, last)
 
 
 def point_metrics(result: dict[str, Any], wall_s: float, attempts: int) -> dict[str, float]:
@@ -78,13 +77,15 @@ class PeriodicEval:
         return int(doc.get("version", 0)) if isinstance(doc, dict) else 0
 
     async def run(self) -> None:
-        """Evaluate at every due point until cancelled (the environment role cancels it when it stops)."""
-        due = next_due(max(self.recorded), self.every) if self.recorded else 0
-        while True:
+        """Evaluate at every due point, the run's final version included, then return; or until cancelled (the
+        environment role cancels it when it stops)."""
+        last = self.cfg.training.steps
+        due = next_due(max(self.recorded), self.every, last) if self.recorded else 0
+        while not self.recorded or max(self.recorded) < last:
             if await self.trainer_version() >= due:
                 version = await self.point(due)
                 if version is not None:
-                    due = next_due(version, self.every)
+                    due = next_due(version, self.every, last)
             await asyncio.sleep(POLL_S)
 
     async def point(self, due: int) -> int | None:
@@ -116,21 +117,3 @@ class PeriodicEval:
         log.info("periodic eval: version %d accuracy %.3f (%d/%d)", version, metrics["eval/accuracy"],
                  int(metrics["eval/correct"]), int(metrics["eval/n"]))
         return version
-
-
-def eval_points(store: S3Store, paths: RunPaths, seen: set[int]) -> list[tuple[dict[str, float], int]]:
-    """The evaluation points in S3 not in `seen` (added to it), as (metrics, version), oldest first."""
-    out = []
-    for key in sorted(store.list_keys(paths.file(EVAL_PREFIX))):
-        try:
-            version = int(key.rsplit("/", 1)[-1].removesuffix(".json"))
-        except ValueError:
-            continue
-        if version in seen:
-            continue
-        doc = store.get_json(key)
-        if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), dict):
-            continue
-        seen.add(version)
-        out.append(({k: float(v) for k, v in doc["metrics"].items() if isinstance(v, int | float)}, version))
-    return out

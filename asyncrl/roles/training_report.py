@@ -19,15 +19,16 @@ skipped gaps (`run_counters`).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.roles.context import RoleContext
-from asyncrl.roles.periodic_eval import eval_points
 from asyncrl.roles.role_metrics import heartbeat_metrics, instance_figures, read_heartbeats
 from asyncrl.roles.step_reporter import Figures, StepReporter
 from asyncrl.roles.weight_group import WeightGroup
+from asyncrl.storage.eval_points import eval_key, unseen_points
 from asyncrl.storage.group_prefetch import GroupPrefetcher
 from asyncrl.tracking.child_runs import ChildRuns, child_key
 from asyncrl.tracking.mlflow_calls import REQUEST_TIMEOUT_S
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 # MLflow gets the steps at most once a second, several per call: one database commit per call, not per step (a
 # commit per step cost ~10 % of a core on a 2-core machine at ~2 steps/s). The last step is logged at once.
 REPORT_EVERY_S = 1.0
+FINAL_EVAL_GRACE_S = 10.0  # beyond the evaluation's own request deadline (timeouts.http_s): the writer's polls
+FINAL_EVAL_POLL_S = 0.2
 
 
 class Counters:
@@ -112,6 +115,7 @@ class TrainingReport:
         self.first_step = 0
         self.reporter: StepReporter | None = None
         self.eval_seen: set[int] = set()  # the evaluation points already handed to the reporter
+        self._eval_lock = threading.Lock()  # the reporter's thread and `finish` both hand points on, each once
         self.tracking: SpoolingLog | None = None
 
     def start(self) -> None:
@@ -198,9 +202,7 @@ class TrainingReport:
     def external_metrics(self) -> Figures:
         """The other roles' figures: the writers' rollout stats and every role's heartbeat metrics, for the job's
         run and each instance's child run (S3 reads: the step reporter's thread calls this, never the step)."""
-        if self.cfg.eval.every_steps and self.reporter is not None:  # held-out points, each at its own step
-            for metrics, version in eval_points(self.ctx.store, self.ctx.paths, self.eval_seen):
-                self.reporter.submit(metrics, version)
+        self.submit_eval_points()
         summed, per_writer = self.rollout_metrics()
         beats = read_heartbeats(self.ctx.store, self.ctx.paths)
         children = instance_figures(beats)
@@ -259,9 +261,34 @@ class TrainingReport:
         if self.reporter is not None and not (self.tracking is not None and self.tracking.behind):
             self.reporter.flush(self.log_call_s() + 5.0)
 
+    def submit_eval_points(self) -> None:
+        """Hand the evaluation points not yet handed on to the reporter, each at its own step."""
+        if self.cfg.eval.every_steps and self.reporter is not None:
+            with self._eval_lock:
+                for metrics, version in unseen_points(self.ctx.store, self.ctx.paths, self.eval_seen):
+                    self.reporter.submit(metrics, version)
+
+    def wait_for_final_eval(self, version: int) -> bool:
+        """With periodic evaluation on, wait (bounded: one evaluation's request deadline and a few polls) for the
+        point at the final `version`, which the first environment writer evaluates once the servers hold it; the
+        `done` marker, which stops the servers of a cluster run, comes after it. False if it did not come."""
+        if not self.cfg.eval.every_steps:
+            return True
+        deadline = time.monotonic() + self.cfg.timeouts.http_s + FINAL_EVAL_GRACE_S
+        key = eval_key(self.ctx.paths, version)
+        while not self.ctx.store.exists(key):
+            if time.monotonic() > deadline:
+                log.warning("the evaluation point of the final version %d did not come within %.0f s; the run ends "
+                            "without it", version, self.cfg.timeouts.http_s + FINAL_EVAL_GRACE_S)
+                return False
+            time.sleep(FINAL_EVAL_POLL_S)
+        return True
+
     def finish(self, version: int) -> None:
-        """Every step in MLflow (or in the tracking spool, MLflow being down), then the run's `done` marker: whoever
-        ends the run then finds the spool complete."""
+        """The final evaluation point (when evaluating), every step in MLflow (or in the tracking spool, MLflow being
+        down), then the run's `done` marker: whoever ends the run then finds the spool complete."""
+        self.wait_for_final_eval(version)
+        self.submit_eval_points()
         if self.reporter is not None:
             self.reporter.flush(2 * self.log_call_s() + 5.0)  # the call under way, then the last one
             if self.tracking is not None and not self.tracking.behind:  # MLflow is up: the tracking counters once

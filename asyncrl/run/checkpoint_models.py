@@ -31,13 +31,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncrl.run.model_choice import Choice, choose_checkpoint, eval_figures
+from asyncrl.run.model_choice import Choice, choose_checkpoint
 from asyncrl.storage.checkpoints import (
     MODEL_FILE,
     checkpoint_file_names,
     committed_versions,
     read_checkpoint_file,
 )
+from asyncrl.storage.eval_points import eval_figures
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
 

@@ -1,5 +1,5 @@
 """Which committed checkpoint a run registers: the best by held-out accuracy when the run has evaluation points
-for its checkpoints, else the last one. Pure, apart from `eval_figures`, which reads the run's evaluation points.
+for its checkpoints, else the last one. Pure: the points' figures come from `asyncrl.storage.eval_points.eval_figures`.
 
 The rule (`choose_checkpoint`):
 - `best_eval`: among the committed versions that have an evaluation point (`eval/<version>.json`, written by the
@@ -16,10 +16,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrl.storage.run_layout import RunPaths
-from asyncrl.storage.s3 import S3Store
-
-EVAL_PREFIX = "eval/"  # `asyncrl.roles.periodic_eval` writes `eval/<version:08d>.json` there
 ACCURACY = "eval/accuracy"
 
 
@@ -46,19 +42,3 @@ def choose_checkpoint(committed: list[int], figures: dict[int, dict[str, float]]
         accuracy, version = max(scored)  # equal accuracy: the higher version wins
         return Choice(version, "best_eval", float(accuracy))
     return Choice(max(committed), "last")
-
-
-def eval_figures(store: S3Store, paths: RunPaths) -> dict[int, dict[str, float]]:
-    """{version: its evaluation point's numeric `eval/*` figures} of every point of the run; a document that is not
-    a point (no `metrics` object) is skipped."""
-    out: dict[int, dict[str, float]] = {}
-    for key in sorted(store.list_keys(paths.file(EVAL_PREFIX))):
-        name = key.rsplit("/", 1)[-1].removesuffix(".json")
-        if not name.isdigit():
-            continue
-        doc = store.get_json(key)
-        if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), dict):
-            continue
-        out[int(name)] = {k: float(v) for k, v in doc["metrics"].items()
-                          if isinstance(v, int | float) and not isinstance(v, bool)}
-    return out

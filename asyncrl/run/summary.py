@@ -1,7 +1,8 @@
 """What a finished run reports: `run_summary.json`.
 
 `training_summary` reads it from the trainer's last `versions/latest.json` (samples trained and dropped, staleness,
-throughput, where every group object went); the embedded launcher adds its evaluations, wall times and the
+throughput, where every group object went, the held-out evaluation's first and last points and its curve from
+`asyncrl.storage.eval_points`); the embedded launcher adds wall times and the
 servers' weight checksums, and `publish_summary` writes it to the run folder, S3 (`<run>/run_summary.json`) and
 MLflow (its numbers as metrics at the final version, the document as an artifact; MLflow gets the run's tracking
 spool first, and what it cannot take stays spooled: `asyncrl.tracking.spooling_log`). The pipeline's `finalize` step
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from asyncrl.storage.eval_points import eval_summary
 from asyncrl.storage.groups import GroupReader, GroupWriter
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
@@ -93,6 +95,7 @@ def training_summary(store: S3Store, paths: RunPaths, run_url: str, steps: int,
         "steady_step_s": counters.get("steady_wall_s", 0.0) / max(1, counters.get("steady_steps", 0)),
         **group_accounting(store, paths, latest),
         "weight_group_epoch": int(latest.get("weight_group", {}).get("epoch", 0)),
+        **eval_summary(store, paths, int(latest.get("version", 0))),
     }
 
 

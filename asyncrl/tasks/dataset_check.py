@@ -5,7 +5,7 @@ Owns what "the dataset can be used for this run" means:
 - both files exist and hold at least one valid row (else `DatasetError` naming the task field and the file);
 - with a tokenizer (the built-in one when model.path is empty, else the model folder's): at least one train prompt
   fits in generation.max_model_len - rollout.max_new_tokens tokens (the others are skipped by the environment
-  role and counted), and, when the run evaluates before and after (eval_before_after), every eval prompt does (a
+  role and counted), and, when the run evaluates on the held-out split (eval.every_steps > 0), every eval prompt does (a
   server refuses a prompt that does not, so the eval would fail after the warm start);
 - warnings, not errors: a prompt in both files; characters the built-in tokenizer does not have (they become
   <unk>, and an answer holding one can never be produced).
@@ -110,7 +110,7 @@ def _check_lengths(cfg: RunConfig, tokenizer: Any, train: list[Problem], evals: 
     if report.train_too_long:
         report.warnings.append(f"task.train_path: {report.train_too_long} of {len(train)} train prompts are longer "
                                f"than {within}; the run skips them")
-    if not cfg.eval_before_after:
+    if not cfg.eval.every_steps:
         return
     too_long = [(n, p.index) for p in evals if (n := len(encode_prompt(tokenizer, p.prompt))) > limit]
     if too_long:
@@ -118,4 +118,4 @@ def _check_lengths(cfg: RunConfig, tokenizer: Any, train: list[Problem], evals: 
         n, index = max(too_long)
         raise DatasetError(f"task.eval_path: {path}: {len(too_long)} of {len(evals)} eval prompts are longer than "
                            f"{within} (the longest, valid row {index} counting from 0, has {n}); raise generation.max_model_len, "
-                           f"shorten them, or set eval_before_after: false")
+                           f"shorten them, or set eval.every_steps: 0")

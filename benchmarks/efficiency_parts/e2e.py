@@ -120,7 +120,7 @@ def read_launcher(stream: Any, events: queue.Queue, log_path: Path) -> None:
 def run_e2e(config: str, overrides: list[str], steps: int, runs_dir: Path, run_id: str, samples_per_step: int,
             interval_s: float = 0.5) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "asyncrl.cli", "run", config, "--set", f"runs_dir={runs_dir}", "--set",
-           f"run_id={run_id}", "--set", f"training.steps={steps}", "--set", "eval_before_after=false",
+           f"run_id={run_id}", "--set", f"training.steps={steps}", "--set", "eval.every_steps=0",
            "--set", f"tracking.experiment={EXPERIMENT}"]
     for o in overrides:
         cmd += ["--set", o]

@@ -33,7 +33,7 @@ TARGET_SHARE = 0.05
 def run_trainer_idle(config: str, overrides: list[str], runs_dir: Path, run_id: str, after_step: int = 3,
                      settle_s: float = 3.0, measure_s: float = 10.0, start_timeout_s: float = 600.0) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "asyncrl.cli", "run", config, "--set", f"runs_dir={runs_dir}", "--set",
-           f"run_id={run_id}", "--set", "training.steps=1000", "--set", "eval_before_after=false",
+           f"run_id={run_id}", "--set", "training.steps=1000", "--set", "eval.every_steps=0",
            "--set", f"tracking.experiment={EXPERIMENT}"]
     for o in overrides:
         cmd += ["--set", o]

@@ -169,7 +169,7 @@ def test_s3_stall_corrupt_object_and_trainer_crash_then_resume(tmp_path):
         [*cli, str(ROOT / "configs/smoke.yaml"), "--set", f"runs_dir={runs}", "--set", f"run_id={run_id}",
          "--set", f"cache_dir={ROOT / '.cache/asyncrl'}", "--set", "generation.num_servers=2", "--set",
          f"timeouts.collective_s={COLLECTIVE_S}", "--set",
-         f"training.steps={STEPS}", "--set", "training.checkpoint_every=2", "--set", "eval_before_after=false",
+         f"training.steps={STEPS}", "--set", "training.checkpoint_every=2", "--set", "eval.every_steps=0",
          "--set", "training.num_processes=2", "--set", "training.zero_stage=3"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ})
     figures: dict[str, dict] = {}

@@ -139,7 +139,7 @@ def _outage_run(mlflow_dir: Path, port: int, servers: list[subprocess.Popen], ru
     run = subprocess.Popen(
         [sys.executable, "-m", "asyncrl.cli", "run", str(ROOT / "configs/smoke.yaml"), "--set", f"runs_dir={runs}",
          "--set", f"run_id={run_id}", "--set", f"cache_dir={ROOT / '.cache/asyncrl'}", "--set",
-         "generation.num_servers=1", "--set", f"training.steps={STEPS}", "--set", "eval_before_after=false",
+         "generation.num_servers=1", "--set", f"training.steps={STEPS}", "--set", "eval.every_steps=0",
          "--set", f"tracking.tracking_uri={uri}", "--set", f"timeouts.http_s={HTTP_S}"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ})
     train_log = run_dir / "logs" / "training-0.log"

@@ -21,14 +21,16 @@ from tests.helpers.subprocess_runs import run_embedded
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE_RUN_ID = "smoke-test"
-SMOKE_OVERRIDES = ["generation.num_servers=1", "eval.every_steps=1"]  # held-out curve: every version
+# held-out curve: every version; heartbeats every second: the roles' child runs get figures from within this short
+# run (the warm start's evaluation through the generation server included), not only from its first seconds
+SMOKE_OVERRIDES = ["generation.num_servers=1", "eval.every_steps=1", "timeouts.heartbeat_s=1"]
 ALGORITHMS_RUN_ID = "algorithms-test"
 ALGORITHMS_STEPS = 3
 ALGORITHMS_OVERRIDES = [
     "generation.num_servers=1", f"training.steps={ALGORITHMS_STEPS}", "training.checkpoint_every=2",
     "training.loss=cispo", "training.loss_params.eps_high=4.0", "training.advantage=gae", "training.asyppo={}",
     "training.critic.warmup_steps=1",
-    'training.attention_credit={"scaling":"coupled","window":3,"fai_h_lo":1,"fai_h_hi":6}', "eval_before_after=false",
+    'training.attention_credit={"scaling":"coupled","window":3,"fai_h_lo":1,"fai_h_hi":6}', "eval.every_steps=0",
 ]
 
 

@@ -22,8 +22,9 @@ from transformers import AutoModelForCausalLM
 
 from asyncrl.config import load_config
 from asyncrl.local.seaweed import EmbeddedS3
-from asyncrl.run.model_choice import choose_checkpoint, eval_figures
+from asyncrl.run.model_choice import choose_checkpoint
 from asyncrl.storage.checkpoints import committed_versions, latest_committed_version, load_checkpoint
+from asyncrl.storage.eval_points import eval_figures
 from asyncrl.storage.groups import GroupReader
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
@@ -90,6 +91,7 @@ def test_s3_holds_groups_checkpoint_and_matching_checksums(finished_run, monkeyp
 
 def test_mlflow_has_step_metrics(finished_run):
     run_dir, _ = finished_run
+    summary = json.loads((run_dir / "run_summary.json").read_text())
     cfg = load_config(ROOT / "configs/smoke.yaml", OVERRIDES)
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir.parent / 'mlflow.db'}")
     run = mlflow_run(run_dir.parent, SMOKE_RUN_ID, cfg.tracking.experiment)
@@ -113,6 +115,9 @@ def test_mlflow_has_step_metrics(finished_run):
     assert admitted[-1].value >= cfg.training.steps * cfg.rollout.prompts_per_step - cfg.rollout.prompts_per_step
     evals = sorted(client.get_metric_history(run.info.run_id, "eval/accuracy"), key=lambda m: m.step)
     assert evals and evals[0].step == 0  # the warm start first, then points at the versions that generated them
+    assert evals[-1].step == summary["final_version"]  # and the final version, waited for before the run ended
+    assert summary["eval_accuracy_before"] == evals[0].value and summary["eval_accuracy_after"] == evals[-1].value
+    assert summary["eval_curve"] == {str(m.step): m.value for m in evals}
     assert len({m.step for m in evals}) == len(evals) and all(0 <= m.step <= cfg.training.steps for m in evals)
     assert all(0.0 <= m.value <= 1.0 for m in evals)
     assert all(m.value == cfg.task.num_eval for m in client.get_metric_history(run.info.run_id, "eval/n"))

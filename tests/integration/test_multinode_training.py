@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
 RUN_ID = "multinode-test"
 NODES, GPUS = 2, 1
-OVERRIDES = ["generation.num_servers=1", "training.steps=2", "training.num_processes=2", "eval_before_after=false"]
+OVERRIDES = ["generation.num_servers=1", "training.steps=2", "training.num_processes=2", "eval.every_steps=0"]
 
 
 def _free_port() -> int:

@@ -139,3 +139,9 @@ def test_network_interface_reaches_nccl_and_gloo():
     assert env == {"GLOO_SOCKET_IFNAME": "ib0"}
     with pytest.raises(ValueError, match="socket_ifname"):
         RunConfig(network={"socket_ifname": "eth0; rm -rf /"})
+
+
+def test_the_replaced_before_after_evaluation_says_what_replaced_it(tmp_path):
+    with pytest.raises(ConfigError, match=r"eval_before_after: no longer a field.*eval.every_steps: 0 turns it off"):
+        load_config(write(tmp_path, "eval_before_after: false\n"))
+    assert load_config(None).eval.every_steps == 50  # on by default: the warm start, every 50 versions, the end

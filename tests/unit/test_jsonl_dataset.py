@@ -171,7 +171,7 @@ def test_check_dataset_errors_name_the_field_and_file(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=r"^task.eval_path: .*eval.jsonl: 1 of 2 eval prompts are longer than .* "
                                            r"\(the longest, valid row 1 counting from 0, has 10\)"):
         check_dataset(cfg)
-    assert check_dataset(cfg.model_copy(update={"eval_before_after": False})).num_eval == 2
+    assert check_dataset(cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"every_steps": 0})})).num_eval == 2
     (tmp_path / "eval.jsonl").write_text("not json\n")
     with pytest.raises(DatasetError, match=r"^task.eval_path: .*eval.jsonl: no valid row"):
         check_dataset(cfg)

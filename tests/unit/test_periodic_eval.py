@@ -7,7 +7,12 @@ from asyncrl.roles.periodic_eval import next_due, point_metrics
 
 
 def test_due_points_are_the_multiples_of_every():
-    assert [next_due(v, 5) for v in (0, 1, 4, 5, 9, 10)] == [5, 5, 5, 10, 10, 15]
+    assert [next_due(v, 5, 100) for v in (0, 1, 4, 5, 9, 10)] == [5, 5, 5, 10, 10, 15]
+
+
+def test_the_final_version_is_always_due():
+    assert [next_due(v, 5, 12) for v in (0, 9, 10, 11)] == [5, 10, 12, 12]
+    assert next_due(0, 50, 4) == 4  # a run shorter than the interval: the warm start and its final version
 
 
 def test_point_metrics():
