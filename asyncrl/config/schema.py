@@ -453,6 +453,11 @@ class EvalConfig(_Section):
                              "first environment writer, in embedded and cluster runs alike; its requests are never "
                              "training samples. The summary's eval_accuracy_before/after are the first and last "
                              "points.")
+    pass_k: int = Field(4, ge=0, le=64, description="Also pass@k (`eval/pass_at_k`): this many samples per prompt at "
+                        "the rollout temperature and top_p, a prompt passing when any is correct (0: greedy accuracy "
+                        "only). Single-turn tasks.")
+    pass_k_prompts: int = Field(64, ge=0, description="pass@k over the first this many held-out prompts (0: all of "
+                                "them): pass_k x pass_k_prompts sampled requests per point.")
     attempts: int = Field(3, ge=1, le=10, description="Evaluations re-run when a request's tokens span a weight "
                           "update (mixed versions) before the point is logged with `eval/mixed_requests` > 0.")
 

@@ -233,8 +233,9 @@ class EmbeddedRun:
 
     def show_eval_points(self, store: S3Store, shown: set[int]) -> None:
         for metrics, version in unseen_points(store, self.paths, shown):
+            k = f"  pass@{int(metrics['eval/k'])} {metrics['eval/pass_at_k']:.3f}" if "eval/pass_at_k" in metrics else ""
             _print(f"held-out eval at version {version:>4}: {self.eval_metric} {metrics['eval/accuracy']:.3f} "
-                   f"({int(metrics['eval/correct'])}/{int(metrics['eval/n'])})")
+                   f"({int(metrics['eval/correct'])}/{int(metrics['eval/n'])}){k}")
 
     # ---- checks -----------------------------------------------------------------------------------------------
     def server_checksums(self, gen_docs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -49,6 +49,9 @@ def point_metrics(result: dict[str, Any], wall_s: float, attempts: int) -> dict[
     out = {"eval/accuracy": float(result["accuracy"]), "eval/correct": float(result["correct"]),
            "eval/n": float(result["n"]), "eval/mixed_requests": float(result.get("mixed", 0)),
            "eval/wall_s": wall_s, "eval/attempts": float(attempts)}
+    if "pass_at_k" in result:
+        out.update({"eval/pass_at_k": float(result["pass_at_k"]), "eval/k": float(result["k"]),
+                    "eval/pass_k_n": float(result["pass_k_n"])})
     for key in ("mean_reward", "mean_turns"):
         if key in result:
             out[f"eval/{key}"] = float(result[key])
@@ -70,7 +73,9 @@ class PeriodicEval:
             return await evaluate_agentic(self.server_urls, cfg, self.tokenizer, timeout_s=cfg.timeouts.http_s, tag=tag)
         return await evaluate(self.server_urls, self.problems, self.tokenizer, task=cfg.task.name,
                               max_new_tokens=cfg.rollout.max_new_tokens, timeout_s=cfg.timeouts.http_s, tag=tag,
-                              scorer=scorer_for(cfg.task.reward))
+                              scorer=scorer_for(cfg.task.reward), pass_k=cfg.eval.pass_k,
+                              pass_k_problems=cfg.eval.pass_k_prompts, temperature=cfg.rollout.temperature,
+                              top_p=cfg.rollout.top_p)
 
     async def trainer_version(self) -> int:
         doc = await asyncio.to_thread(self.ctx.store.get_json, self.ctx.paths.versions_latest())

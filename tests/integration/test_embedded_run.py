@@ -118,6 +118,9 @@ def test_mlflow_has_step_metrics(finished_run):
     assert evals[-1].step == summary["final_version"]  # and the final version, waited for before the run ended
     assert summary["eval_accuracy_before"] == evals[0].value and summary["eval_accuracy_after"] == evals[-1].value
     assert summary["eval_curve"] == {str(m.step): m.value for m in evals}
+    passk = client.get_metric_history(run.info.run_id, "eval/pass_at_k")  # k samples at the rollout temperature
+    assert sorted(m.step for m in passk) == [m.step for m in evals] and all(0.0 <= m.value <= 1.0 for m in passk)
+    assert {m.value for m in client.get_metric_history(run.info.run_id, "eval/k")} == {float(cfg.eval.pass_k)}
     assert len({m.step for m in evals}) == len(evals) and all(0 <= m.step <= cfg.training.steps for m in evals)
     assert all(0.0 <= m.value <= 1.0 for m in evals)
     assert all(m.value == cfg.task.num_eval for m in client.get_metric_history(run.info.run_id, "eval/n"))
