@@ -90,7 +90,9 @@ def main() -> None:
     out = {"benchmark": "async_vs_sync",
            "config": str(config.relative_to(ROOT)) if config.is_relative_to(ROOT) else str(config), "steps": args.steps,
            "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
-           "mlflow": {"runs_dir": str(runs_dir), "experiment": args.experiment,
+           # relative to the checkout where it is inside it: `make compare` runs there, in any clone or worktree
+           "mlflow": {"runs_dir": str(runs_dir.relative_to(ROOT)) if runs_dir.is_relative_to(ROOT) else str(runs_dir),
+                      "experiment": args.experiment,
                       "filter": f"attributes.run_name LIKE 'bench-{stamp}-%'"},
            "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
