@@ -6,10 +6,11 @@ import uuid
 
 import pytest
 
+from asyncrl.run import replay_command
 from asyncrl.run.checkpoint_models import PUBLISHED
+from asyncrl.run.replay_models import MODES, models_mode, replay_models
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
-from asyncrl.tracking.replay_models import models_mode, replay_models
 
 TRACKING = {"tracking_uri": "sqlite:///unused.db", "mlflow_run_id": "r1"}
 
@@ -46,3 +47,7 @@ def test_skip_and_a_bad_choice(s3_store: S3Store) -> None:
         replay_models(s3_store, paths, TRACKING, "copy", 1.0)
     out = replay_models(s3_store, paths, TRACKING, "reference", 1.0)  # no config.json: the name is unknown
     assert out["models"] == "skip" and "config.json: no configuration" in out["models_skipped"]
+
+
+def test_the_parser_offers_the_modes_replay_models_knows() -> None:
+    assert replay_command.MODES == MODES

@@ -32,10 +32,10 @@ from asyncrl.run.documents import FINAL_STATUS
 from asyncrl.storage.checkpoints import committed_versions
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
-from asyncrl.tracking.replay_command import MODES
 
 log = logging.getLogger(__name__)
 
+MODES = ("auto", "reference", "artifacts", "skip")  # --models (the CLI's parser lists them: replay_command.MODES)
 RUN_MODES = {"cluster": "reference", "embedded": "artifacts"}  # tracking.json's `mode` → how models are logged
 MODEL_KEYS = ("models_logged", "models_not_logged", "registered_model", "models_error")
 

@@ -5,7 +5,7 @@ When MLflow was still unavailable at a run's end, the metrics it did not take st
 run's `tracking.json` names (and its role instances' child runs: each entry names its run), deleting each entry once
 MLflow took it. Then, once the spool is empty, it logs the committed checkpoints that are not MLflow models yet
 (`models/not_logged.json`, or a run whose end never logged them) and registers the chosen one, as a later
-`finalize` does (`asyncrl.tracking.replay_models`): `--models auto` (default) takes the run's mode from S3
+`finalize` does (`asyncrl.run.replay_models`): `--models auto` (default) takes the run's mode from S3
 (`tracking.json`'s `mode`; cluster: by reference to the `s3://` folders, embedded: copied as artifacts, for which
 the run's embedded S3 server must be running again); `reference`, `artifacts` or `skip` choose. `--end
 FINISHED|FAILED|KILLED` then ends the MLflow run and its child runs (a run whose end MLflow missed stays RUNNING
@@ -23,7 +23,7 @@ import os
 import time
 
 STATUSES = ("FINISHED", "FAILED", "KILLED")
-MODES = ("auto", "reference", "artifacts", "skip")  # --models (asyncrl.tracking.replay_models)
+MODES = ("auto", "reference", "artifacts", "skip")  # --models: asyncrl.run.replay_models.MODES (imported lazily)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -43,9 +43,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run `asyncrl tracking replay`; the exit status. (Imports here: building the CLI's parser imports no MLflow.)"""
+    from asyncrl.run.replay_models import replay_models
     from asyncrl.storage.run_store import open_run
     from asyncrl.tracking.mlflow_calls import retry_until
-    from asyncrl.tracking.replay_models import replay_models
     from asyncrl.tracking.spooling_log import replay_run_spool
 
     if args.deadline_s <= 0:
