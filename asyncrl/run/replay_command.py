@@ -15,6 +15,7 @@ failed attempts, "models": the mode used, "models_logged": versions, "models_not
 "registered_model": `models/registered.json`, "models_error" or "models_skipped" when so}); exit status 1 when
 spool entries or checkpoints not logged are left.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,9 +28,10 @@ MODES = ("auto", "reference", "artifacts", "skip")  # --models: asyncrl.run.repl
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("tracking", help="the runs' MLflow tracking: replay a run's tracking spool")
+    p = sub.add_parser("tracking", help="the runs' MLflow tracking: replay what MLflow missed of a run")
     actions = p.add_subparsers(dest="tracking_command", required=True)
-    r = actions.add_parser("replay", help="log the metrics a run kept in S3 while MLflow was unavailable")
+    r = actions.add_parser("replay", help="log the metrics a run kept in S3 while MLflow was unavailable, "
+                                             "and the checkpoints it did not take as models")
     r.add_argument("--run-url", required=True, help="s3://BUCKET/PREFIX/RUN_ID of the run")
     r.add_argument("--deadline-s", type=float, default=120.0,
                    help="how long MLflow calls are retried before giving up (default 120)")
