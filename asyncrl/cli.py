@@ -42,8 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("sandbox-check", help="print what isolation a tool call gets on this host (exit 1: none)")
     from asyncrl.cluster.pipeline_cli import add_parser
     from asyncrl.compare.command import add_parser as add_compare_parser
+    from asyncrl.run.replay_command import add_parser as add_tracking_parser
     from asyncrl.sim.commands import add_parsers
-    from asyncrl.tracking.replay_command import add_parser as add_tracking_parser
 
     add_parsers(sub)
     add_parser(sub)
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
         pipeline_main(args)
         return
     if args.command == "tracking":
-        from asyncrl.tracking.replay_command import main as tracking_main
+        from asyncrl.run.replay_command import main as tracking_main
 
         try:
             sys.exit(tracking_main(args))

@@ -411,6 +411,8 @@ class TrackingConfig(_Section):
     registered_model: str = Field("", max_length=200, pattern=r"^[A-Za-z0-9._ /-]*$",
                                   description="Registered model the run's best-by-eval (else last) checkpoint is "
                                   "registered under. Empty: <experiment>-<name>.")
+    retry_deadline_s: float = Field(60.0, gt=0, le=3600, description="How long one MLflow call is retried before "
+                                    "its figures go to the run's S3 spool (tracking/spool/), or the call is given up.")
 
 
 class TimeoutsConfig(_Section):

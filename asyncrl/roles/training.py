@@ -300,7 +300,8 @@ class TrainingRunner:
             self.report.finish(self.version)
 
     def close(self, flush_s: float | None = None) -> None:
-        """Close rank 0's I/O; the steps already made reach MLflow within `flush_s` (default `timeouts.http_s`)."""
+        """Close rank 0's I/O; the steps already made reach MLflow within `flush_s` (default: one MLflow
+        call's deadline, `tracking.retry_deadline_s`, and a spool write)."""
         if self.report is not None:
             self.report.close(flush_s)
         if self.groups is not None:

@@ -6,7 +6,7 @@ trained counts, the run's counters, the weights' checksum, the weight group, met
 `StepReporter` thread (MLflow, the other roles' figures: the job's run gets the steps and the writers' summed rollout
 counters, each role instance's child run its own figures, `asyncrl.tracking.child_runs`, made and found by the
 reporter's thread). MLflow gets them through a `SpoolingLog`: retried until
-`timeouts.http_s`, then kept in S3 under the run (`tracking/spool/`) and logged once MLflow is back, so an MLflow
+`tracking.retry_deadline_s`, then kept in S3 under the run (`tracking/spool/`) and logged once MLflow is back, so an MLflow
 outage never stops training; its counters (`tracking/*`) go with every step's metrics, and once more at the last
 step after its own call when MLflow took that call (`finish`). `publish` is also called mid-step, when groups taken
 for the step were dropped as stale (see `TrainingRunner.collect`), and once the generation servers are connected.
@@ -122,7 +122,8 @@ class TrainingReport:
         """Start the reporting thread (MLflow, through the spooling log, and the other roles' figures)."""
         if self.tracker is not None:
             self.tracking = SpoolingLog(ChildRuns(self.tracker, self.ctx.store, self.ctx.paths).send,
-                                        MetricSpool(self.ctx.store, self.ctx.paths), deadline_s=self.cfg.timeouts.http_s)
+                                        MetricSpool(self.ctx.store, self.ctx.paths),
+                                        deadline_s=self.cfg.tracking.retry_deadline_s)
         self.reporter = StepReporter(
             self.external_metrics, self.tracking.log_runs if self.tracking is not None else None,
             read_every_s=min(self.cfg.rollout.stats_interval_s, self.cfg.timeouts.heartbeat_s),
@@ -131,8 +132,7 @@ class TrainingReport:
     def log_call_s(self) -> float:
         """The longest one MLflow call of the reporter takes: the retry deadline, the request in flight when it
         passes, and a spool write to S3 (its own retry deadline)."""
-        t = self.cfg.timeouts
-        return t.http_s + REQUEST_TIMEOUT_S + t.storage_s
+        return self.cfg.tracking.retry_deadline_s + REQUEST_TIMEOUT_S + self.cfg.timeouts.storage_s
 
     def after_step(self, r: StepResult) -> dict[str, float]:
         """Count step `r` in, publish its metrics in `versions/latest.json`, queue them for MLflow; the metrics."""

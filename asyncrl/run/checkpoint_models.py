@@ -153,7 +153,7 @@ def publish_models(store: S3Store, paths: RunPaths, tracking: dict[str, Any], re
                     lambda v=version, e=experiment_id: _log_checkpoint(client, store, paths, run_id, e, v,
                                                                        figures.get(v, {}), by_reference),
                     deadline, f"MLflow: logging checkpoint {version} as a model")
-            except Exception as err:  # MLflow down or refusing: recorded, done by a later finalize
+            except Exception as err:  # MLflow down or refusing: recorded, done by a later finalize or replay
                 out["models_not_logged"].append(version)
                 out["models_error"] = str(err).splitlines()[0][:500] if str(err) else type(err).__name__
                 continue
@@ -162,7 +162,7 @@ def publish_models(store: S3Store, paths: RunPaths, tracking: dict[str, Any], re
         out["models_logged"].append(version)
     if out["models_not_logged"]:
         log.warning("MLflow did not take checkpoint(s) %s as models (%s); recorded in %s, logged by a later "
-                    "finalize", out["models_not_logged"], out["models_error"], paths.file(NOT_LOGGED))
+                    "finalize or `asyncrl tracking replay`", out["models_not_logged"], out["models_error"], paths.file(NOT_LOGGED))
         store.put_json(paths.file(NOT_LOGGED), {"versions": out["models_not_logged"], "error": out["models_error"],
                                                 "time": time.time()})
     elif store.exists(paths.file(NOT_LOGGED)):
@@ -180,7 +180,7 @@ def publish_models(store: S3Store, paths: RunPaths, tracking: dict[str, Any], re
             deadline, f"MLflow: registering checkpoint {choice.version} as {registered_name}")
     except Exception as err:
         out["models_error"] = str(err).splitlines()[0][:500] if str(err) else type(err).__name__
-        log.warning("model not registered (%s): a later finalize registers it", out["models_error"])
+        log.warning("model not registered (%s): a later finalize or `asyncrl tracking replay` registers it", out["models_error"])
     return out
 
 

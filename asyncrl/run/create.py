@@ -144,7 +144,8 @@ def open_tracking(store: S3Store, paths: RunPaths, cfg: RunConfig, tracking_uri:
     else:
         tracker = Tracker.create(tracking_uri, cfg.tracking.experiment, cfg.run_id, params=params, tags=all_tags)
     log_dataset_inputs(tracker.client, tracker.run_id, cfg)
-    store.put_json(paths.tracking(), {"tracking_uri": tracking_uri, "mlflow_run_id": tracker.run_id})
+    # mode: how a later `asyncrl tracking replay` logs the checkpoints as models (asyncrl.run.replay_models)
+    store.put_json(paths.tracking(), {"tracking_uri": tracking_uri, "mlflow_run_id": tracker.run_id, "mode": mode})
     return tracker
 
 

@@ -1,6 +1,6 @@
 """An MLflow outage mid-run (the eighth fault kind): a real embedded run (SeaweedFS, vLLM, DeepSpeed, every role its
 own process) tracks to a real `mlflow server` (sqlite store in the test's folder, a free port). After step 2 the
-server stops answering (SIGSTOP) for longer than the trainer's retry deadline (`timeouts.http_s`), so the
+server stops answering (SIGSTOP) for longer than the trainer's retry deadline (`tracking.retry_deadline_s`), so the
 trainer's MLflow calls time out and their steps go to the run's tracking spool in S3; then the stopped server is
 killed and a new one started on the same port and store. The run goes on throughout and finishes; afterwards the
 MLflow run holds every step's metrics exactly once, `tracking/spooled_total` > 0, and the spool in S3 is empty; each
@@ -34,7 +34,7 @@ from tests.helpers.run_processes import kill_run_processes
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-STEPS, HTTP_S = 12, 15.0  # HTTP_S: the trainer retries an MLflow call this long, then spools it
+STEPS, RETRY_S = 12, 15.0  # RETRY_S: the trainer retries an MLflow call this long, then spools it
 STEP_KEYS = ("reward/mean", "train/loss", "time/step_s", "version", "staleness/mean")
 
 
@@ -120,7 +120,7 @@ def test_mlflow_stopped_then_restarted_mid_run_loses_no_metric(tmp_path: Path) -
             os.environ[k] = v
         store = S3Store(s3.endpoint_url, "asyncrl")
         assert store.list_keys(RunPaths("runs", run_id).file(SPOOL)) == []
-    figures.update({"steps": STEPS, "retry_deadline_s": HTTP_S, "spooled_steps": metrics["tracking/spooled_total"],
+    figures.update({"steps": STEPS, "retry_deadline_s": RETRY_S, "spooled_steps": metrics["tracking/spooled_total"],
                     "replayed_steps": metrics["tracking/replayed_total"],
                     "failed_attempts": metrics["tracking/failures_total"],
                     "tracking_spool_left": summary["tracking_spool_left"]})
@@ -140,7 +140,7 @@ def _outage_run(mlflow_dir: Path, port: int, servers: list[subprocess.Popen], ru
         [sys.executable, "-m", "asyncrl.cli", "run", str(ROOT / "configs/smoke.yaml"), "--set", f"runs_dir={runs}",
          "--set", f"run_id={run_id}", "--set", f"cache_dir={ROOT / '.cache/asyncrl'}", "--set",
          "generation.num_servers=1", "--set", f"training.steps={STEPS}", "--set", "eval.every_steps=0",
-         "--set", f"tracking.tracking_uri={uri}", "--set", f"timeouts.http_s={HTTP_S}"],
+         "--set", f"tracking.tracking_uri={uri}", "--set", f"tracking.retry_deadline_s={RETRY_S}"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ})
     train_log = run_dir / "logs" / "training-0.log"
     figures: dict[str, float] = {}
@@ -159,11 +159,11 @@ def _outage_run(mlflow_dir: Path, port: int, servers: list[subprocess.Popen], ru
         _until("a step while MLflow hangs", lambda: version() > v_stop, run)
         writers = _procs("asyncrl.roles.environment", f"/{run_id}")
         _signal(writers, signal.SIGSTOP)  # hold the run while MLflow is down and restarted: it cannot end first
-        _until("steps in the tracking spool", lambda: bool(spooled()), run, timeout_s=4 * HTTP_S + 120)
+        _until("steps in the tracking spool", lambda: bool(spooled()), run, timeout_s=4 * RETRY_S + 120)
         figures["stop_to_first_spooled_s"] = round(time.monotonic() - t_stop, 1)
         # MLflow dies (the hung server is killed) and a new one starts on the same port and store
         _kill(servers[-1])
-        time.sleep(HTTP_S)  # calls meanwhile are refused at once, retried, and spooled
+        time.sleep(RETRY_S)  # calls meanwhile are refused at once, retried, and spooled
         servers.append(_start_mlflow(mlflow_dir, port))
         figures["outage_s"] = round(time.monotonic() - t_stop, 1)
         figures["spool_entries_at_restart"] = len(spooled())

@@ -2,12 +2,17 @@
 server and a real MLflow store (a sqlite file in tmp): both modes of `asyncrl.run.checkpoint_models`.
 
 Cluster mode references the checkpoint's s3:// folder (no weights in MLflow); embedded mode copies the folder, and
-the registered version loads with transformers with the checkpoint's exact logits.
+the registered version loads with transformers with the checkpoint's exact logits. MLflow down at the run's end:
+the checkpoints are recorded as not logged, and a later call or `asyncrl tracking replay` logs and registers them.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import mlflow
@@ -16,14 +21,17 @@ import torch
 from mlflow import MlflowClient
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from asyncrl.config import load_config
 from asyncrl.models.checkpoint_folder import checkpoint_folder_files
 from asyncrl.models.folder import check_model_folder
 from asyncrl.models.tokenizer import build_tokenizer, load_tokenizer
 from asyncrl.run.checkpoint_models import (
     NOT_LOGGED,
+    PUBLISHED,
     REGISTERED,
     checkpoint_uri,
     model_folder_files,
+    publish_embedded_models,
     publish_models,
 )
 from asyncrl.storage.checkpoints import (
@@ -33,11 +41,12 @@ from asyncrl.storage.checkpoints import (
     read_checkpoint_file,
     save_checkpoint,
 )
-from asyncrl.storage.run_layout import RunPaths
+from asyncrl.storage.run_layout import RunPaths, run_url
 from asyncrl.storage.s3 import S3Store
 from tests.helpers.tiny_random_model import build_tiny_random_model
 
 INPUT = torch.tensor([[1, 5, 9, 3, 7, 2]])
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +193,65 @@ def test_mlflow_down_records_what_was_not_logged_and_a_later_call_logs_it(
     assert back["registered_model"]["eval_accuracy"] is None
     assert not s3_store.exists(paths.file(NOT_LOGGED))
     assert [m.name for m in client.search_logged_models([experiment])] == ["checkpoint-3"]
+
+
+def _down(tracking: dict[str, str]) -> dict[str, str]:
+    """The same MLflow run behind a port nobody listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return {**tracking, "tracking_uri": f"http://127.0.0.1:{s.getsockname()[1]}"}
+
+
+@pytest.mark.parametrize("mode", ["cluster", "embedded"])
+def test_mlflow_down_at_the_end_then_tracking_replay_logs_and_registers_the_models(
+        s3_store, start_folder, tmp_path, bounded_mlflow_env, mode):
+    """The run's end (finalize, or the embedded launcher) finds MLflow down; `asyncrl tracking replay` (a real
+    process) later logs the checkpoints by reference (cluster) or as artifacts (embedded) and registers the choice.
+    Cluster: tracking.json records the mode; embedded: a run recorded before that, known by models/published.json."""
+    paths = RunPaths("runs", f"replay-{mode}")
+    client, experiment, tracking = _mlflow_run(tmp_path)
+    cfg = load_config(None, ["name=replayed", "tracking.registered_model=arith-replay"])
+    s3_store.put_json(paths.config(), cfg.model_dump(mode="json"))
+    s3_store.put_json(paths.tracking(), {**tracking, "mode": "cluster"} if mode == "cluster" else tracking)
+    for version, seed in ((2, 8), (4, 9)):
+        _save(s3_store, paths, version, _trained(start_folder, seed)[1], start_folder)
+    _eval_point(s3_store, paths, 4, 0.625)
+    if mode == "cluster":  # finalize: its outcome in final_status.json
+        end = publish_models(s3_store, paths, _down(tracking), "arith-replay", by_reference=True, deadline_s=2)
+        s3_store.put_json(paths.file("final_status.json"), {"status": "SUCCEEDED", **end})
+    else:
+        end = publish_embedded_models(s3_store, paths, _down(tracking)["tracking_uri"], tracking["mlflow_run_id"],
+                                      "arith-replay", deadline_s=2)
+    assert end["models_not_logged"] == [2, 4] and "registered_model" not in end
+    assert s3_store.get_json(paths.file(NOT_LOGGED))["versions"] == [2, 4]
+
+    env = {**os.environ, "AWS_ENDPOINT_URL": s3_store.endpoint_url}
+    r = subprocess.run([sys.executable, "-m", "asyncrl.cli", "tracking", "replay", "--run-url",
+                        run_url(s3_store.bucket, paths.prefix, paths.run_id), "--deadline-s", "30"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["models"] == ("reference" if mode == "cluster" else "artifacts")
+    assert out["models_logged"] == [2, 4] and out["models_not_logged"] == [] and "models_error" not in out
+    reg = out["registered_model"]
+    assert (reg["name"], reg["version"], reg["checkpoint_version"], reg["reason"]) == ("arith-replay", "1", 4,
+                                                                                       "best_eval")
+    assert s3_store.get_json(paths.file(REGISTERED)) == reg and not s3_store.exists(paths.file(NOT_LOGGED))
+    models = {m.name: m for m in client.search_logged_models([experiment])}
+    assert sorted(models) == ["checkpoint-2", "checkpoint-4"]
+    artifacts = {a.path for a in client.list_logged_model_artifacts(models["checkpoint-4"].model_id)}
+    if mode == "cluster":
+        assert artifacts == {"MLmodel"} and models["checkpoint-4"].tags["mlflow.model.isExternal"] == "true"
+        assert reg["source"] == checkpoint_uri(s3_store, paths, 4)
+        status = s3_store.get_json(paths.file("final_status.json"))
+        assert status["status"] == "SUCCEEDED" and status["registered_model"] == reg
+        assert status["models_not_logged"] == [] and "models_error" not in status
+    else:
+        assert {"MLmodel", "model.safetensors", "config.json"} <= artifacts
+        assert reg["source"] == models["checkpoint-4"].artifact_location
+        assert s3_store.get_json(paths.file(PUBLISHED))["registered_model"] == reg
+    (mv,) = client.search_model_versions("name='arith-replay'")
+    assert mv.run_id == tracking["mlflow_run_id"]
 
 
 def test_embedded_mode_copies_the_folder_and_the_registered_version_loads_with_transformers(

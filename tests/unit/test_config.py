@@ -45,12 +45,22 @@ def test_override_types(tmp_path):
         ("training.loss=no_such_module:my_loss", "training.loss: loss 'no_such_module:my_loss': cannot import module"),
         ("storage.bucket=Bad_Bucket", "storage.bucket: String should match pattern"),
         ("rollout.num_writers=3", "rollout.num_writers: expected a divisor of rollout.prompts_per_step (8), got 3"),
+        ("tracking.retry_deadline_s=0", "tracking.retry_deadline_s: Input should be greater than 0"),
+        ("tracking.retry_deadline_s=-5", "tracking.retry_deadline_s: Input should be greater than 0"),
+        ("tracking.retry_deadline_s=3601", "tracking.retry_deadline_s: Input should be less than or equal to 3600"),
+        ("tracking.retry_deadline_s=soon", "tracking.retry_deadline_s: Input should be a valid number"),
     ],
 )
 def test_errors_name_the_field(override, needle):
     with pytest.raises(ConfigError) as err:
         load_config(None, ["rollout.max_new_tokens=12", override])
     assert needle in str(err.value)
+
+
+def test_tracking_retry_deadline():
+    assert load_config(None).tracking.retry_deadline_s == 60.0  # the MLflow deadline of before (timeouts.http_s)
+    cfg = load_config(None, ["tracking.retry_deadline_s=2.5", "timeouts.http_s=30"])
+    assert cfg.tracking.retry_deadline_s == 2.5 and cfg.timeouts.http_s == 30.0
 
 
 def test_bad_files(tmp_path):

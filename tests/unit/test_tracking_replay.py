@@ -65,7 +65,10 @@ def test_summary_with_mlflow_down_is_spooled_then_replayed_by_the_command(s3_sto
     s3_store.put_json(paths.tracking(), {"tracking_uri": uri, "mlflow_run_id": run_id})
     r = _replay(s3_store, paths, "--end", "FINISHED")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads(r.stdout.splitlines()[-1]) == {"replayed": 1, "left": 0, "failures": 0, "ended": "FINISHED"}
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert {k: out[k] for k in ("replayed", "left", "failures", "ended", "models")} == \
+        {"replayed": 1, "left": 0, "failures": 0, "ended": "FINISHED", "models": "skip"}
+    assert "pass --models reference" in out["models_skipped"]  # no checkpoints, no mode recorded: nothing to log
     assert MetricSpool(s3_store, paths).keys() == []
     client = MlflowClient(tracking_uri=uri)
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "samples_trained")] == [(3, 48.0)]
