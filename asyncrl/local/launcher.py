@@ -334,7 +334,8 @@ class EmbeddedRun:
         _print(json.dumps(summary, indent=2))
         if summary["eval_accuracy_after"] is not None:
             before = summary["eval_accuracy_before"]
-            _print(f"held-out {self.eval_metric}: {'-' if before is None else f'{before:.3f}'} at the warm start, "
+            label = self.eval_metric if self.cfg.env is not None else f"held-out {self.eval_metric}"
+            _print(f"{label}: {'-' if before is None else f'{before:.3f}'} at the warm start, "
                    f"{summary['eval_accuracy_after']:.3f} at version {summary['final_version']}")
         return summary
 
