@@ -11,6 +11,7 @@ import pytest
 from asyncrl.local.seaweed import EmbeddedS3
 from asyncrl.storage.s3 import S3Store
 from tests.helpers.env_vars import restored_env
+from tests.helpers.s3_buckets import drop_bucket
 
 
 @pytest.fixture(scope="session")
@@ -29,8 +30,12 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
 
 @pytest.fixture
 def s3_store(s3_server: EmbeddedS3) -> Iterator[S3Store]:
-    """An S3Store on a fresh, empty bucket of the session server."""
+    """An S3Store on a fresh, empty bucket of the session server, deleted afterwards (each bucket holds a SeaweedFS
+    volume of its own: a session's worth of leftover buckets would fill the server's volume slots)."""
     store = S3Store(s3_server.endpoint_url, f"test-{uuid.uuid4().hex[:16]}", timeout_s=15.0)
     store.ensure_bucket()
-    yield store
-    store.close()
+    try:
+        yield store
+    finally:
+        drop_bucket(store)
+        store.close()

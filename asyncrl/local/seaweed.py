@@ -54,6 +54,12 @@ _SOCK_DIR_PREFIX = "asyncrl-weed-"
 # 0.09 of a core, the default job 391 -> 485 trained samples/s.
 GO_RUNTIME_ENV = {"GOGC": "400", "GOMEMLIMIT": "1GiB"}
 _OWNER_FILE = "owner.json"
+# Every bucket is a SeaweedFS collection with at least one volume of its own. Left at 0, `-volume.max` is derived
+# from the free disk (69 on a disk with 70 GB free, measured on weed 4.48), and once that many buckets exist every
+# PUT to a new one answers HTTP 500: a long test session, or many runs over one data folder, hit it. Volumes are not
+# preallocated, so an empty one costs a few bytes on disk; the volume server's own `-volume.minFreeSpace` (1% by
+# default) still stops writes before the disk is full.
+MAX_VOLUMES = 1000
 
 
 def find_weed() -> str:
@@ -196,7 +202,7 @@ class EmbeddedS3:
         cmd = [
             weed, "mini", f"-dir={self.data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
-            "-master.telemetry=false", "-s3.autoCreateBucket=false",
+            "-master.telemetry=false", "-s3.autoCreateBucket=false", f"-volume.max={MAX_VOLUMES}",
             f"-filer.localSocket={self._sock_dir}/filer.sock", f"-s3.localSocket={self._sock_dir}/s3.sock",
         ]  # fmt: skip
         for name in _HTTP_SERVICES:

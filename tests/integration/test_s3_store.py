@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from asyncrl.local.seaweed import EmbeddedS3, sweep_stale_socket_dirs
+from asyncrl.local.seaweed import MAX_VOLUMES, EmbeddedS3, sweep_stale_socket_dirs
 from asyncrl.storage.groups import GROUPS_METADATA, GroupReader, GroupWriter, encode_group
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import ObjectExists, S3Store, StorageError
@@ -76,6 +78,14 @@ def test_errors_name_the_key(s3_server: EmbeddedS3) -> None:
     dead = S3Store("http://127.0.0.1:9", "bucket", timeout_s=2.0, max_attempts=1)
     with pytest.raises(StorageError, match="s3://bucket/some/key"):
         dead.get_bytes("some/key")
+
+
+def test_volume_slots_do_not_depend_on_the_free_disk(s3_server: EmbeddedS3) -> None:
+    """Every bucket takes a volume of its own; derived from the free disk the slots were 69 here, and the 69th bucket's
+    PUTs failed with HTTP 500 for the whole retry deadline."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{s3_server.ports['master']}/dir/status", timeout=10) as answer:
+        topology = json.load(answer)["Topology"]
+    assert topology["Max"] == MAX_VOLUMES
 
 
 def test_credentials_are_enforced(s3_server: EmbeddedS3, s3_store: S3Store, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -197,7 +207,7 @@ def test_sigterm_stops_server_quickly(tmp_path: Path) -> None:
 
 def test_server_dies_with_its_parent(tmp_path: Path) -> None:
     code = (
-        "import sys, time; from asyncrl.local.seaweed import EmbeddedS3, sweep_stale_socket_dirs\n"
+        "import sys, time; from asyncrl.local.seaweed import MAX_VOLUMES, EmbeddedS3, sweep_stale_socket_dirs\n"
         "s = EmbeddedS3(sys.argv[1]); s.start(); print(s.pid, s._sock_dir, flush=True); time.sleep(120)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "d")], stdout=subprocess.PIPE, text=True)

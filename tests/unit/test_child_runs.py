@@ -118,7 +118,7 @@ def test_the_reporter_logs_each_instance_figures_in_its_child_at_the_step_they_w
 def test_spooled_figures_name_their_child_and_a_replay_sends_them_there(s3_store: S3Store, tmp_path: Path) -> None:
     tracker, paths = _job(s3_store, tmp_path)
     spool = MetricSpool(s3_store, paths)
-    down = SpoolingLog(lambda run, steps: (_ for _ in ()).throw(DOWN), spool, deadline_s=0.01)
+    down = SpoolingLog(lambda run, steps: (_ for _ in ()).throw(DOWN.with_traceback(None)), spool, deadline_s=0.01)
     down.log_runs([("", [({"train/loss": 0.5}, 3, 1_003)]), ("reward-0", [({"reward/scored": 16.0}, 3, 1_003)])])
     entries = spool.keys()
     assert [s3_store.get_json(k)["run"] for k in entries] == ["", "reward-0"]  # one entry per run, in order

@@ -58,7 +58,7 @@ class FakeMlflow:
         self.attempts += 1
         self.now += self.call_s
         if not self.up:
-            raise self.error
+            raise self.error.with_traceback(None)  # one shared instance: its traceback would grow with every raise
         self.logged.extend(step for _, step, _ in steps)
 
 
@@ -98,7 +98,7 @@ def test_a_batch_is_retried_until_the_deadline_then_spooled_and_replayed_first_o
 def test_spooled_values_come_back_exactly_nan_and_timestamps_included(s3_store: S3Store) -> None:
     spool = _spool(s3_store)
     steps = [({"a": 0.1, "b": float("nan"), "c": 3}, 7, 1_764_670_000_123)]
-    log = SpoolingLog(lambda r, s: (_ for _ in ()).throw(DOWN), spool, deadline_s=0.01)
+    log = SpoolingLog(lambda r, s: (_ for _ in ()).throw(DOWN.with_traceback(None)), spool, deadline_s=0.01)
     log(steps)
     [(metrics, step, ts)] = spool.read(spool.keys()[0])
     assert (step, ts, metrics["a"], metrics["c"]) == (7, 1_764_670_000_123, 0.1, 3.0) and math.isnan(metrics["b"])
@@ -178,7 +178,7 @@ def test_mlflow_keeps_one_point_when_a_batch_is_replayed_twice_and_the_run_spool
     tracker = Tracker.create(uri, "spool-test", "r")
     spool = _spool(s3_store)
     for steps in (_steps(1, 2), _steps(2, 3)):  # step 2 twice, as a replay of a batch MLflow did take would
-        SpoolingLog(lambda r, s: (_ for _ in ()).throw(DOWN), spool, deadline_s=0.01)(steps)
+        SpoolingLog(lambda r, s: (_ for _ in ()).throw(DOWN.with_traceback(None)), spool, deadline_s=0.01)(steps)
     tracking = {"tracking_uri": uri, "mlflow_run_id": tracker.run_id}
     assert replay_run_spool(s3_store, spool.paths, tracking, 30.0) == {"replayed": 4, "left": 0, "failures": 0}
     history = MlflowClient(tracking_uri=uri).get_metric_history(tracker.run_id, "reward/mean")
