@@ -267,6 +267,10 @@ class RolloutDriver:
             "rollout/resubmits": s.resubmits, "rollout/requests_in_flight": counts["running_requests"],
             "rollout/live_groups": counts["live_groups"], "rollout/version": self.sched.version,
             "rollout/reward_retries": self.reward.retries,
+            # calls and what they carried: items / calls is the mean batch size of each kind of call
+            "rollout/reward_calls": self.reward.calls, "rollout/reward_items": self.reward.items,
+            "rollout/generate_calls": sum(g.batch_calls for g in self.gens),
+            "rollout/generate_requests": sum(g.requests for g in self.gens),
             "rollout/score_failed_samples": self.failures.get("score", 0),
             "rollout/lost_requests": s.requests_lost, "rollout/lost_servers": s.servers_lost,
             "rollout/returned_servers": s.servers_returned, "rollout/down_servers": len(self.sched.servers_down),

@@ -111,6 +111,10 @@ def test_mlflow_has_step_metrics(finished_run):
         steps = [m.step for m in client.get_metric_history(run.info.run_id, name)]
         assert len(set(steps)) == len(steps) and set(steps) <= set(range(1, cfg.training.steps + 1)), name
         assert cfg.training.steps in steps, name
+    last = {name: max(client.get_metric_history(run.info.run_id, f"rollout/{name}"), key=lambda m: m.step).value
+            for name in ("generate_calls", "generate_requests", "reward_calls", "reward_items")}
+    # requests and scores travel many per call: a group's samples at least share their calls
+    assert 1 <= last["generate_calls"] < last["generate_requests"] and 1 <= last["reward_calls"] < last["reward_items"]
     admitted = sorted(client.get_metric_history(run.info.run_id, "rollout/admitted_groups"), key=lambda m: m.step)
     assert admitted[-1].value >= cfg.training.steps * cfg.rollout.prompts_per_step - cfg.rollout.prompts_per_step
     evals = sorted(client.get_metric_history(run.info.run_id, "eval/accuracy"), key=lambda m: m.step)
