@@ -197,6 +197,9 @@ class GenerationEngine:
             os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(settings.work_dir, "vllm-cache"))
             os.makedirs(os.environ["VLLM_RPC_BASE_PATH"], exist_ok=True)
         os.environ.update(engine_process_env(settings))
+        from vllm.envs import disable_envs_cache, enable_envs_cache
+
+        disable_envs_cache()  # a second engine in this process (tests) reads the environment as it is now
         from vllm.config import WeightTransferConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -228,6 +231,10 @@ class GenerationEngine:
             disable_log_stats=True,
         )
         llm = AsyncLLM.from_engine_args(args)
+        # vLLM reads its settings from os.environ on every access (a few per request: SamplingParams' checks, request
+        # ids), ~7% of the front end's CPU on the default job. Its engine core caches them once started; so does
+        # this process, whose environment is final by now.
+        enable_envs_cache()
         engine = cls(llm, settings)
         await llm.update_weight_version(str(settings.initial_version))
         engine.version = settings.initial_version
