@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable
@@ -69,6 +70,15 @@ def with_deadline(what: str, host: str, timeout_s: float, fn: Callable[..., Any]
     return result.get("value")
 
 
+def rejected_credentials(err: ApiError) -> bool:
+    """The API refused the token: its answer's status (kfp's ApiException carries it) is 401 or 403, or the error
+    says Unauthorized / Forbidden. Not a bare "401" or "403" anywhere in the text: a port such as 54403 has one."""
+    status = getattr(err.__cause__, "status", None)
+    if isinstance(status, int) and status in (401, 403):
+        return True
+    return re.search(r"\b(Unauthorized|Forbidden)\b|\((401|403)\)", str(err)) is not None
+
+
 def connect(host: str, timeout_s: float, namespace: str | None) -> Api:
     import kfp
 
@@ -90,7 +100,7 @@ def connect(host: str, timeout_s: float, namespace: str | None) -> Api:
         text = str(err)
         if "no answer" in text:
             raise
-        if any(code in text for code in ("401", "403", "Unauthorized", "Forbidden")):
+        if rejected_credentials(err):
             raise ApiError(f"the Kubeflow Pipelines API at {host} rejected the credentials: set KFP_TOKEN or "
                            f"KF_PIPELINES_SA_TOKEN_PATH to a valid token ({text[:200]})") from None
         raise ApiError(f"cannot reach the Kubeflow Pipelines API at {host}: {text}") from None

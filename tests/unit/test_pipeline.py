@@ -141,6 +141,26 @@ def _cli(*args, env=None):
                           text=True, timeout=120, env=env)
 
 
+def test_only_a_401_or_403_answer_is_a_credentials_error():
+    from asyncrl.cluster.pipeline_api import ApiError, rejected_credentials
+
+    class Answer(Exception):  # kfp's ApiException carries the HTTP status
+        def __init__(self, status: int) -> None:
+            super().__init__(f"({status})")
+            self.status = status
+
+    def failed(text: str, cause: BaseException | None = None) -> ApiError:
+        err = ApiError(f"connect: the Kubeflow Pipelines API at http://127.0.0.1:54403 failed: {text}")
+        err.__cause__ = cause
+        return err
+
+    refused = "HTTPConnectionPool(host='127.0.0.1', port=54403): Max retries exceeded (Connection refused)"
+    assert not rejected_credentials(failed(refused))  # the port has "403" in it: the CI failure of 2026-12-03
+    assert rejected_credentials(failed("(401)", Answer(401)))
+    assert rejected_credentials(failed("(403) Reason: Forbidden"))
+    assert not rejected_credentials(failed("(500) Reason: Internal Server Error", Answer(500)))
+
+
 def test_upload_to_an_unreachable_host_fails_clearly():
     with socket.socket() as s:  # a free port nobody listens on
         s.bind(("127.0.0.1", 0))
