@@ -17,11 +17,7 @@ Invariants:
   a buffered group), each writer's in stream order, never more than asked for; the thread reads only while fewer
   than `capacity` groups are buffered (an object holding several groups may overshoot by its extra groups);
 - after a poll that found nothing the thread waits `Backoff.next()` (`initial_s` doubling to `cap_s`), reset as
-  soon as a group arrives; every wait of the thread is cut short by `close()`, and by a `take()` that starts to
-  wait with nothing buffered: the thread polls at once and its backoff starts again at `initial_s`. While the
-  trainer trains, nothing hurries the thread (it only has to find the next groups before the step ends), so the
-  backoff may sit at its cap; once the trainer waits, a group that arrived meanwhile is found at once and one that
-  arrives later within the first, short waits (an idle trainer still backs off to the cap);
+  soon as a group arrives; every wait of the thread is cut short by `close()`;
 - an exception in the thread ends it; the groups buffered before it are handed over first, then `take()` raises
   it (and keeps raising it): never swallowed;
 - `take()` waits at most its `timeout_s`; `close()` stops the thread and joins it for at most `join_timeout_s`
@@ -105,7 +101,6 @@ class GroupPrefetcher:
         self._gaps: list[GapRecord] = []
         self._error: BaseException | None = None
         self._closing = False
-        self._hurry = False  # a take() started to wait with nothing buffered: poll now, backoff from the start
         self._thread: threading.Thread | None = None
         self.polls = 0  # polls made (found something or not)
         self.empty_polls = 0
@@ -178,9 +173,6 @@ class GroupPrefetcher:
             raise ValueError(f"max_groups: expected >= 1, got {max_groups}")
         with self._cond:
             if timeout_s > 0:
-                if not self._buffered:
-                    self._hurry = True
-                    self._cond.notify_all()  # cuts the thread's idle wait short
                 self._cond.wait_for(lambda: self._buffered or self._error is not None or self._closing, timeout_s)
             out: list[tuple[str, int, Group]] = []
             while len(out) < max_groups and self._buffered:
@@ -248,13 +240,7 @@ class GroupPrefetcher:
 
     def _wait_unless_closed(self, seconds: float) -> None:
         with self._cond:
-            self._cond.wait_for(lambda: self._closing or self._hurry, seconds)
-
-    def _hurried(self) -> bool:
-        """True (once) when a take() started to wait since the thread last looked."""
-        with self._cond:
-            hurry, self._hurry = self._hurry, False
-            return hurry
+            self._cond.wait_for(lambda: self._closing, seconds)
 
     def _run(self) -> None:
         try:
@@ -262,8 +248,6 @@ class GroupPrefetcher:
                 room = self._room()
                 if room == 0:
                     return
-                if self._hurried():  # a taker waits: this poll serves it, and the next ones come soon
-                    self.backoff.reset()
                 if self.fetch_once(room):
                     self.backoff.reset()
                 else:

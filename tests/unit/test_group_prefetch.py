@@ -224,36 +224,16 @@ def test_thread_backs_off_while_idle_resets_on_a_group_and_surfaces_its_error() 
     def boom(r: ScriptedReader, _: int | None) -> Got:
         raise RuntimeError("boom")
 
-    def take_without_waiting(p: GroupPrefetcher) -> Got:
-        """take() until something comes, never waiting inside it (a waiting take hurries the thread)."""
-        deadline = time.monotonic() + 30
-        while not (got := p.take(4)) and time.monotonic() < deadline:
-            time.sleep(0.005)
-        return got
-
     waits: list[float] = []
     reader = ScriptedReader([nothing] * 4 + [returns(("env0", 0, group("a0")))] + [nothing] * 2 + [boom])
     p = prefetcher(reader, backoff=Backoff(0.01, 0.05), idle_wait=waits.append)
     p.start()
-    assert ids(take_without_waiting(p)) == [("env0", 0, "a0")]
+    assert ids(p.take(4, timeout_s=30)) == [("env0", 0, "a0")]
     with pytest.raises(RuntimeError, match="boom"):
-        take_without_waiting(p)
+        p.take(4, timeout_s=30)
     assert waits == [0.01, 0.02, 0.04, 0.05, 0.01, 0.02]
     with pytest.raises(RuntimeError, match="boom"):  # and keeps raising it
         p.take(1)
-    p.close()
-
-
-def test_a_take_that_waits_makes_the_thread_poll_at_once() -> None:
-    reader = ScriptedReader([nothing] * 4 + [returns(("env0", 0, group("a0")))])
-    p = prefetcher(reader, backoff=Backoff(0.01, 60.0, factor=10.0))  # real waits: 0.01, 0.1, 1, then 10 s
-    p.start()
-    deadline = time.monotonic() + 30
-    while len(reader.max_groups_asked) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(reader.max_groups_asked) == 4  # the thread now waits 10 s before its next poll
-    # a take that would give up after 5 s gets the group: its wait woke the thread, which polled at once
-    assert ids(p.take(1, timeout_s=5)) == [("env0", 0, "a0")]
     p.close()
 
 
