@@ -207,7 +207,7 @@ def test_sigterm_stops_server_quickly(tmp_path: Path) -> None:
 
 def test_server_dies_with_its_parent(tmp_path: Path) -> None:
     code = (
-        "import sys, time; from asyncrl.local.seaweed import MAX_VOLUMES, EmbeddedS3, sweep_stale_socket_dirs\n"
+        "import sys, time; from asyncrl.local.seaweed import EmbeddedS3, sweep_stale_socket_dirs\n"
         "s = EmbeddedS3(sys.argv[1]); s.start(); print(s.pid, s._sock_dir, flush=True); time.sleep(120)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "d")], stdout=subprocess.PIPE, text=True)
