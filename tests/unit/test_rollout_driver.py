@@ -46,6 +46,9 @@ class MemoryStore:
 
 
 class FakeServer:
+    batch_calls = 0
+    requests = 0
+
     def __init__(self, log: list[str]) -> None:
         self.log = log
 
@@ -125,7 +128,7 @@ def make_driver(local_first: bool = False, store: MemoryStore | None = None
     gens = FakeServers(FakeServer(log) for _ in range(cfg.generation.num_servers))
 
     class Reward:
-        retries = 0
+        retries = calls = items = 0
 
     driver = RolloutDriver(ctx, gens, Reward(), lambda d: RecordingKind(d, log, local_first))  # type: ignore[arg-type]
     return driver, log, store
