@@ -93,7 +93,7 @@ def test_second_call_is_cached(built: tuple[RunConfig, Path, float]) -> None:
     started = time.monotonic()
     assert build_tiny_model(cfg) == path
     assert resolve_model_path(cfg) == path
-    assert time.monotonic() - started < 1.0 < first_seconds
+    assert time.monotonic() - started < first_seconds  # no rebuild: the stamp below shows it exactly
     assert (path / "model.safetensors").stat().st_mtime_ns == stamp
     # a different tiny config is a different folder
     assert tiny_model_dir(_cfg(Path(cfg.cache_dir), seed=1)) != path
