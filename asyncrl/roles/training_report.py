@@ -180,6 +180,8 @@ class TrainingReport:
             "storage/gaps_skipped_total": c.gaps_skipped + len(self.groups.gaps_skipped),
             "storage/retries_total": self.ctx.store.stats.retries,
             "storage/gave_up_total": self.ctx.store.stats.gave_up,
+            "storage/requests_total": self.ctx.store.stats.requests_total(),  # the trainer's (rank 0's) S3 requests
+            "storage/get_missing_total": self.ctx.store.stats.requests.get("get_missing", 0),
             "throughput/samples_per_s": n_samples / step_s,
             "time/wait_s": r.taken.wait_s,
             "time/wait_cpu_s": r.taken.wait_cpu_s,

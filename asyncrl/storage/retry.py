@@ -111,16 +111,28 @@ class RetryPolicy:
 
 @dataclass
 class StoreStats:
-    """Counters of one store: retried attempts and calls that gave up. Thread-safe increments."""
+    """Counters of one store: retried attempts, calls that gave up, and requests sent by kind (`requests`: one per
+    attempt, keyed by operation, "get", "put", "list", ...; a GET that found no object is counted under "get" and
+    again under "get_missing"). Thread-safe increments."""
 
     retries: int = 0
     gave_up: int = 0
+    requests: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, retries: int = 0, gave_up: int = 0) -> None:
         with self._lock:
             self.retries += retries
             self.gave_up += gave_up
+
+    def count(self, kind: str) -> None:
+        with self._lock:
+            self.requests[kind] = self.requests.get(kind, 0) + 1
+
+    def requests_total(self) -> int:
+        """Every request sent (a missing GET once)."""
+        with self._lock:
+            return sum(n for k, n in self.requests.items() if k != "get_missing")
 
 
 def call_with_retry(

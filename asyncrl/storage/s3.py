@@ -129,6 +129,7 @@ class S3Store:
         hook = self.fault_hook
 
         def attempt(n: int) -> T:
+            self.stats.count(op)
             if hook is not None:
                 hook(op, where, n, "before")
             out = fn(n)
@@ -221,7 +222,10 @@ class S3Store:
             body = resp["Body"].read()  # a body cut short raises IncompleteReadError: retried
             return body, {str(k).lower(): str(v) for k, v in (resp.get("Metadata") or {}).items()}
 
-        return self._run("get", self._where(key), get)
+        got = self._run("get", self._where(key), get)
+        if got is None:
+            self.stats.count("get_missing")
+        return got
 
     def exists(self, key: str) -> bool:
         def head(_: int) -> bool:

@@ -112,9 +112,15 @@ def test_mlflow_has_step_metrics(finished_run):
         assert len(set(steps)) == len(steps) and set(steps) <= set(range(1, cfg.training.steps + 1)), name
         assert cfg.training.steps in steps, name
     last = {name: max(client.get_metric_history(run.info.run_id, f"rollout/{name}"), key=lambda m: m.step).value
-            for name in ("generate_calls", "generate_requests", "reward_calls", "reward_items")}
+            for name in ("generate_calls", "generate_requests", "reward_calls", "reward_items", "s3_requests",
+                         "s3_get_missing")}
     # requests and scores travel many per call: a group's samples at least share their calls
     assert 1 <= last["generate_calls"] < last["generate_requests"] and 1 <= last["reward_calls"] < last["reward_items"]
+    # S3 requests by role: the writer's (at least its group objects' PUTs) and the trainer's (at least their GETs)
+    written = max(client.get_metric_history(run.info.run_id, "rollout/written_objects"), key=lambda m: m.step).value
+    assert 0 <= last["s3_get_missing"] < last["s3_requests"] and last["s3_requests"] >= written, last
+    trainer_requests = client.get_metric_history(run.info.run_id, "storage/requests_total")
+    assert max(m.value for m in trainer_requests) >= cfg.training.steps, trainer_requests
     admitted = sorted(client.get_metric_history(run.info.run_id, "rollout/admitted_groups"), key=lambda m: m.step)
     assert admitted[-1].value >= cfg.training.steps * cfg.rollout.prompts_per_step - cfg.rollout.prompts_per_step
     evals = sorted(client.get_metric_history(run.info.run_id, "eval/accuracy"), key=lambda m: m.step)

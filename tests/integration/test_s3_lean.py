@@ -41,12 +41,17 @@ def test_lean_and_boto3_read_each_others_objects_exactly(s3_store: S3Store, boto
 
 
 def test_conditional_put_and_missing_objects(s3_store: S3Store) -> None:
+    before, total = dict(s3_store.stats.requests), s3_store.stats.requests_total()
     assert s3_store.get_with_metadata("absent") is None
     s3_store.put_bytes("once", b"a", if_absent=True)
     with pytest.raises(ObjectExists):
         s3_store.put_bytes("once", b"b", if_absent=True)
     assert s3_store.get_bytes("once") == b"a"
     assert s3_store.stats.retries == 0
+    # every request counted by kind: two GETs (one found nothing), two PUTs (the refused one too)
+    grew = {k: n - before.get(k, 0) for k, n in s3_store.stats.requests.items() if n != before.get(k, 0)}
+    assert grew == {"get": 2, "get_missing": 1, "put": 2}
+    assert s3_store.stats.requests_total() == total + 4
 
 
 def test_wrong_credentials_fail_at_once_with_the_key(s3_server: EmbeddedS3, s3_store: S3Store,

@@ -13,6 +13,7 @@ from asyncrl.config import RunConfig
 from asyncrl.roles.context import RoleContext
 from asyncrl.roles.rollout_driver import RolloutDriver
 from asyncrl.rollout.scheduler import Abort, DropGroup, DropSample, EmitGroup, Start
+from asyncrl.storage.retry import StoreStats
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.types import Group, Sample
 
@@ -26,6 +27,7 @@ class MemoryStore:
         self.objects: dict[str, bytes] = {}
         self.metadata: dict[str, dict[str, str]] = {}
         self.json: dict[str, Any] = {}
+        self.stats = StoreStats()  # the real counters; these fakes count nothing
 
     def list_keys(self, prefix: str) -> list[str]:
         return sorted(k for k in self.objects if k.startswith(prefix))
