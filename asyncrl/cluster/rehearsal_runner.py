@@ -141,7 +141,8 @@ def base_env(workdir: Path, rpc_dir: Path, cache_dir: Path) -> dict[str, str]:
         "PYTHONPATH": os.pathsep.join(p for p in (str(CODE_ROOT), env.get("PYTHONPATH", "")) if p),
         "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "DS_BUILD_OPS": "0",
         "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-        "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"), "VLLM_RPC_BASE_PATH": str(rpc_dir),
+        "ASYNCRL_RUN_DIR": str(workdir), "VLLM_CACHE_ROOT": str(cache_dir.parent / "vllm"),
+        "VLLM_RPC_BASE_PATH": str(rpc_dir),
         "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(cache_dir / "torch_extensions")),
     })
     return env

@@ -467,8 +467,9 @@ class EvalConfig(_Section):
 class RunConfig(_Section):
     name: str = Field("asyncrl", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
     run_id: str = Field("", pattern=r"^[A-Za-z0-9._-]*$", description="Empty: generated at launch.")
-    cache_dir: str = Field(".cache/asyncrl", description="Built models, compiled ops. ASYNCRL_CACHE_DIR, when set, "
-                           "replaces it in that process (the pipeline's pods: their cache volume).")
+    cache_dir: str = Field(".cache/asyncrl", description="Built models, compiled ops, and in embedded runs vLLM's cache "
+                           "(`vllm/`, unless VLLM_CACHE_ROOT is set). ASYNCRL_CACHE_DIR, when set, replaces it in that "
+                           "process (the pipeline's pods: their cache volume).")
     runs_dir: str = Field("runs", description="Embedded mode: per-run folders (S3 data, MLflow store, logs, summary).")
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()

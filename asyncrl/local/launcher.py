@@ -123,13 +123,16 @@ class EmbeddedRun:
     def child_env(self, s3: EmbeddedS3 | ExternalS3) -> dict[str, str]:
         """The roles' environment: this process's, without torch.distributed launcher variables (each embedded role
         forms its own groups and picks free ports; an inherited MASTER_PORT would make the trainer bind a port that
-        is taken), plus the S3 endpoint and credentials, the run's role token (`ASYNCRL_ROLE_TOKEN`) and the
-        caches."""
+        is taken), plus the S3 endpoint and credentials, the run's role token (`ASYNCRL_ROLE_TOKEN`), the run's
+        folder (`ASYNCRL_RUN_DIR`) and the caches. vLLM's cache (`VLLM_CACHE_ROOT`, unless set already) is under
+        `cache_dir`, shared by runs: it holds what vLLM learned of a model class in a child process of its own (about
+        ten seconds of every engine start), which a cache per run would learn again each time."""
         cache = Path(self.cfg.cache_dir).resolve()
         inherited = {k: v for k, v in os.environ.items() if k not in DIST_LAUNCHER_VARS}
         env = {**inherited, **s3.env(), "AWS_ENDPOINT_URL": s3.endpoint_url,
                "AWS_DEFAULT_REGION": self.cfg.storage.region,
-               "VLLM_CACHE_ROOT": str(self.run_dir / "vllm-cache"),
+               "ASYNCRL_RUN_DIR": str(self.run_dir.resolve()),
+               "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", str(cache / "vllm")),
                "VLLM_RPC_BASE_PATH": str(self.rpc_dir()),
                "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(cache / "torch_extensions")),
                "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
@@ -307,13 +310,15 @@ class EmbeddedRun:
         procs.start("reward-0", "asyncrl.roles.reward", [*serving, "--id", "0"])
         for i in range(cfg.generation.num_servers):
             procs.start(f"generation-{i}", "asyncrl.roles.generation", [*serving, "--id", str(i)])
-        _print(f"starting {cfg.generation.num_servers} generation server(s) (vLLM engine start takes ~35 s each)")
-        gen_docs = self.wait_roles(store, "generation", cfg.generation.num_servers)
-        self.wait_roles(store, "reward", 1)
-        t_train = time.monotonic()
+        # the trainer and the writers start now too: their imports and DeepSpeed's init overlap the engines' start,
+        # and they wait for the servers' rendezvous themselves (`timeouts.rendezvous_s`), as a cluster's pods do
         self.start_training(procs, [*common, "--id", "0"])
         for w in range(cfg.rollout.num_writers):
             procs.start(f"environment-{w}", "asyncrl.roles.environment", [*common, "--id", f"env{w}"])
+        _print(f"starting {cfg.generation.num_servers} generation server(s) (vLLM engine start takes ~35 s each)")
+        gen_docs = self.wait_roles(store, "generation", cfg.generation.num_servers)
+        self.wait_roles(store, "reward", 1)
+        t_train = time.monotonic()  # train_wall_s: from the servers being ready to the run's end
         latest = self.follow(store)
         train_wall = time.monotonic() - t_train
         gen_docs = final_group(latest) or gen_docs  # the servers that got the last push (restarts move them)

@@ -1,5 +1,5 @@
 """The processes of one embedded run, found by its folder in their command line (SeaweedFS) or their environment (the
-roles: the launcher gives them `VLLM_CACHE_ROOT` under the run's folder), with their descendants (vLLM's engine core
+roles: the launcher gives them `ASYNCRL_RUN_DIR`, the run's folder), with their descendants (vLLM's engine core
 and workers, retitled `VLLM::...`). A test that fails midway kills these, so that no engine is left spinning."""
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ def test_no_process_left(rehearsal):
     left = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         try:
-            env = p.environ()  # every task has VLLM_CACHE_ROOT under the rehearsal's folder
+            env = p.environ()  # every task has ASYNCRL_RUN_DIR, the rehearsal's folder
         except (psutil.Error, OSError):
             env = {}
         if result.run_id in " ".join(p.info["cmdline"] or []) or any(str(result.workdir) in v for v in env.values()):
