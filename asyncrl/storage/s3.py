@@ -1,8 +1,8 @@
 """`S3Store`: the one object-store client every role uses, over boto3, for one bucket.
 
-The hot single-object calls (`get_with_metadata`, hence `get_bytes` / `get_json`, and `put_bytes` / `put_json`) go
-through `asyncrl.storage.s3_lean` (signed HTTP on a kept-alive connection, a third of boto3's CPU per call) when
-the store has an explicit endpoint, credentials and no proxy; `ASYNCRL_S3_BOTO_ONLY=1` sends everything through
+The hot single-object calls (`get_with_metadata`, hence `get_bytes` / `get_json`, `put_bytes` / `put_json`, and
+`exists`) go through `asyncrl.storage.s3_lean` (signed HTTP on a kept-alive connection, a third of boto3's CPU per
+call) when the store has an explicit endpoint, credentials and no proxy; `ASYNCRL_S3_BOTO_ONLY=1` sends everything through
 boto3. Both paths share the retry policy, the error mapping and the fault hook below.
 
 Invariants:
@@ -229,6 +229,8 @@ class S3Store:
 
     def exists(self, key: str) -> bool:
         def head(_: int) -> bool:
+            if self._lean is not None:
+                return self._lean.head(key)
             try:
                 self._client.head_object(Bucket=self.bucket, Key=key)
                 return True

@@ -84,10 +84,13 @@ class TreeSampler:
         for pid, p in self.procs.items():
             try:
                 t = p.cpu_times()
-                if pid not in self.classes:
+                name = " ".join(p.cmdline())[:100] or p.name()
+                # classified again when its command line changed: a child seen between fork and exec still shows
+                # its parent's (the launcher's) command line
+                if self.names.get(pid) != name:
                     self.classes[pid] = self.classify(p)
                     self.ppids[pid] = p.ppid()
-                    self.names[pid] = " ".join(p.cmdline())[:100] or p.name()
+                    self.names[pid] = name
             except psutil.Error:
                 continue
             self.cpu[pid] = t.user + t.system

@@ -54,13 +54,22 @@ def test_conditional_put_and_missing_objects(s3_store: S3Store) -> None:
     assert s3_store.stats.requests_total() == total + 4
 
 
+def test_lean_and_boto3_agree_on_what_exists(s3_store: S3Store, boto_only: S3Store) -> None:
+    for key in KEYS:
+        s3_store.put_bytes(key, b"x")
+    for key in [*KEYS, "absent", "plain/key.bin.not"]:
+        assert s3_store.exists(key) == boto_only.exists(key) == (key in KEYS), key
+    assert s3_store.stats.requests.get("head") == len(KEYS) + 2  # the lean HEADs counted like any request
+
+
 def test_wrong_credentials_fail_at_once_with_the_key(s3_server: EmbeddedS3, s3_store: S3Store,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     s3_store.put_bytes("guarded", b"1")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-" + s3_server.secret_key)
     intruder = S3Store(s3_server.endpoint_url, s3_store.bucket, retry_deadline_s=30.0)
     assert intruder._lean is not None
-    for call in (lambda: intruder.get_bytes("guarded"), lambda: intruder.put_bytes("guarded", b"2")):
+    for call in (lambda: intruder.get_bytes("guarded"), lambda: intruder.put_bytes("guarded", b"2"),
+                 lambda: intruder.exists("guarded")):
         with pytest.raises(StorageError, match=f"s3://{s3_store.bucket}/guarded"):
             call()
     assert intruder.stats.retries == 0  # a 403 is not transient
