@@ -127,6 +127,8 @@ def run_job(name: str, args: argparse.Namespace, work: Path, runs_dir: Path) -> 
         "e2e_vs_raw_engine": ratio(e2e_sps, figure(raw, "samples_per_s")),
         "e2e_vs_trl": ratio(e2e_sps, figure(trl, "samples_per_s")),
         "e2e_vs_own_limit": ratio(e2e_sps, figure(limit, "samples_per_s")),
+        "e2e_vs_cpu_bound_ceiling": ratio(e2e_sps, figure((e2e or {}).get("control_plane"),
+                                                            "cpu_bound_ceiling_samples_per_s")),
         "real_vs_sim": ratio(e2e_sps, figure(sim, "samples_per_s")),
         "control_plane_beyond_vllm_client_ms_per_sample": _beyond_client(e2e, raw),
         "e2e_generated_tokens_vs_raw_engine": ratio(figure((e2e or {}).get("mlflow"), "generated_tokens_per_s"),
@@ -190,6 +192,14 @@ def print_tables(jobs: dict[str, dict[str, Any]]) -> None:
               + _f(cp.get("control_plane_ms_per_sample"), 10, 3)
               + (_f(share, 10, 3) if share is not None else f"{'n/m':>10}")
               + _f(figure(j.get("trainer_idle"), "cpu_share"), 10, 3))
+    print("\nCPU of every process of the run per trained sample (engine and trainer included), the cores they kept busy, "
+          "and the CPU-bound ceiling: the machine's cores / that CPU per sample")
+    for name, j in jobs.items():
+        cp = (j["e2e"] or {}).get("control_plane") or {}
+        print(f"{name:<10}all processes {_f(cp.get('all_processes_ms_per_sample'), 6, 3)} ms  busy cores "
+              f"{_f(cp.get('busy_cores'), 5, 2)} of {cp.get('machine_cores', '-')}  ceiling "
+              f"{_f(cp.get('cpu_bound_ceiling_samples_per_s'), 7, 1)} samples/s  e2e / ceiling "
+              f"{_f(j['ratios'].get('e2e_vs_cpu_bound_ceiling'), 6, 3)}")
     print("\nof which vLLM's own client work (the raw engine's in-process CPU per sample, paid by any front end of the "
           "engine), and the control plane beyond it")
     for name, j in jobs.items():

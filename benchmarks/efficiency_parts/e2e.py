@@ -195,6 +195,15 @@ def control_plane(marks: dict[int, tuple[float, dict[str, float]]], final: dict[
     out["control_plane_ms_per_sample"] = 1e3 * cp / samples
     out["control_plane_cores"] = cp / span
     out["meets_target"] = out["control_plane_ms_per_sample"] <= out["target_ms_per_sample"]
+    # every process's CPU per sample, engine and trainer included: on a machine whose cores all of them share, the
+    # run cannot train faster than its cores divided by this (the CPU-bound ceiling); how close it comes says whether
+    # the processes wait on each other (far below) or the CPU itself is the limit (close)
+    total_ms = 1e3 * sum(cpu.values()) / samples
+    cores = len(os.sched_getaffinity(0))
+    out["all_processes_ms_per_sample"] = total_ms
+    out["machine_cores"] = cores
+    out["cpu_bound_ceiling_samples_per_s"] = 1e3 * cores / total_ms if total_ms > 0 else None
+    out["busy_cores"] = sum(cpu.values()) / span
     return out
 
 
