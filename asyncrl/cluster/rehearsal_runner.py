@@ -134,15 +134,16 @@ def base_env(workdir: Path, rpc_dir: Path, cache_dir: Path) -> dict[str, str]:
     """What every task inherits: this environment without credentials, endpoints and launcher variables (the
     pipeline must provide them), plus what the images provide (PATH to the interpreter, the asyncrl this process
     runs, first on PYTHONPATH: the tasks start in their own folders, where an editable install of another checkout
-    would otherwise win; caches, no downloads)."""
+    would otherwise win; caches, no downloads), and the rehearsal's folder (`ASYNCRL_RUN_DIR`). vLLM's cache is the
+    pipeline's own `VLLM_CACHE_ROOT` (`/cache/vllm`, moved to the cache volume's local folder), which a task's env
+    sets over these."""
     env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
     env.update({
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
         "PYTHONPATH": os.pathsep.join(p for p in (str(CODE_ROOT), env.get("PYTHONPATH", "")) if p),
         "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "DS_BUILD_OPS": "0",
         "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-        "ASYNCRL_RUN_DIR": str(workdir), "VLLM_CACHE_ROOT": str(cache_dir.parent / "vllm"),
-        "VLLM_RPC_BASE_PATH": str(rpc_dir),
+        "ASYNCRL_RUN_DIR": str(workdir), "VLLM_RPC_BASE_PATH": str(rpc_dir),
         "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(cache_dir / "torch_extensions")),
     })
     return env
