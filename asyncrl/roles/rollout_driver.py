@@ -273,7 +273,7 @@ class RolloutDriver:
             "rollout/generate_requests": sum(g.requests for g in self.gens),
             # this writer's S3 requests (every attempt), and the GETs among them that found nothing
             "rollout/s3_requests": self.ctx.store.stats.requests_total(),
-            "rollout/s3_get_missing": self.ctx.store.stats.requests.get("get_missing", 0),
+            "rollout/s3_get_missing": self.ctx.store.stats.missing_gets(),
             "rollout/score_failed_samples": self.failures.get("score", 0),
             "rollout/lost_requests": s.requests_lost, "rollout/lost_servers": s.servers_lost,
             "rollout/returned_servers": s.servers_returned, "rollout/down_servers": len(self.sched.servers_down),

@@ -181,7 +181,7 @@ class TrainingReport:
             "storage/retries_total": self.ctx.store.stats.retries,
             "storage/gave_up_total": self.ctx.store.stats.gave_up,
             "storage/requests_total": self.ctx.store.stats.requests_total(),  # the trainer's (rank 0's) S3 requests
-            "storage/get_missing_total": self.ctx.store.stats.requests.get("get_missing", 0),
+            "storage/get_missing_total": self.ctx.store.stats.missing_gets(),
             "throughput/samples_per_s": n_samples / step_s,
             "time/wait_s": r.taken.wait_s,
             "time/wait_cpu_s": r.taken.wait_cpu_s,

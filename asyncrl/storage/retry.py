@@ -109,6 +109,9 @@ class RetryPolicy:
         return rand() * self.backoff_bound(attempt)
 
 
+GET_MISSING = "get_missing"  # the kind under which StoreStats counts a GET that found no object, besides "get"
+
+
 @dataclass
 class StoreStats:
     """Counters of one store: retried attempts, calls that gave up, and requests sent by kind (`requests`: one per
@@ -132,7 +135,12 @@ class StoreStats:
     def requests_total(self) -> int:
         """Every request sent (a missing GET once)."""
         with self._lock:
-            return sum(n for k, n in self.requests.items() if k != "get_missing")
+            return sum(n for k, n in self.requests.items() if k != GET_MISSING)
+
+    def missing_gets(self) -> int:
+        """The GETs that found no object."""
+        with self._lock:
+            return self.requests.get(GET_MISSING, 0)
 
 
 def call_with_retry(

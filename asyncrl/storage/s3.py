@@ -35,6 +35,7 @@ from botocore.credentials import Credentials
 from botocore.exceptions import BotoCoreError, ClientError
 
 from asyncrl.storage.retry import (
+    GET_MISSING,
     RetryPolicy,
     StorageError,
     StoreStats,
@@ -224,7 +225,7 @@ class S3Store:
 
         got = self._run("get", self._where(key), get)
         if got is None:
-            self.stats.count("get_missing")
+            self.stats.count(GET_MISSING)
         return got
 
     def exists(self, key: str) -> bool:
