@@ -1,4 +1,5 @@
-"""The generation role's HTTP client: `generate`, `abort`, `health` of one server, with deadlines on every call.
+"""The generation role's HTTP client: `generate`, `abort`, `health`, `wait_version` of one server, with deadlines on
+every call.
 
 Token ids travel, never text, between the environment and generation (docs/generation_api.md).
 Every call carries `Authorization: Bearer <token>`, the token defaulting to `ASYNCRL_ROLE_TOKEN`
@@ -170,6 +171,23 @@ class GenerationClient:
             raise RemoteError(f"POST {url}: malformed answer: {err!r}") from err
         for rid, fut in zip(ids, futs, strict=True):
             settle(fut, rid in aborted)
+
+    async def wait_version(self, after: int, wait_s: float) -> int:
+        """The server's weights version once it is above `after`, or its current one after `wait_s` seconds (a long
+        poll: `GET /weights/version`); `RemoteError` when the server does not answer within `wait_s` + the client's
+        deadline."""
+        url = f"{self.base_url}/weights/version"
+        try:
+            r = await self._client.get(url, params={"after": after, "wait_s": wait_s}, headers=self._headers,
+                                       timeout=wait_s + self._timeout)
+        except httpx.HTTPError as err:
+            raise RemoteError(f"GET {url}: {type(err).__name__}: {err}", lost=True) from err
+        if r.status_code != 200:
+            raise RemoteError(f"GET {url}: HTTP {r.status_code}: {r.text[:300]}", r.status_code)
+        try:
+            return int(r.json()["version"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise RemoteError(f"GET {url}: malformed answer: {err!r}") from err
 
     async def health(self, timeout_s: float | None = None) -> dict[str, Any]:
         try:

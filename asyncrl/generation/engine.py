@@ -18,6 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -185,6 +186,7 @@ class GenerationEngine:
         self.version = 0
         self._inflight: dict[str, _InFlight] = {}
         self._update_lock = asyncio.Lock()
+        self._version_changed = asyncio.Condition()  # notified after every update (see `wait_version`)
         self.weights_initialised = False
         self.failed: str | None = None  # set when a weight update failed half-way (model unusable)
         self.counters = ActivityCounters()
@@ -412,8 +414,19 @@ class GenerationEngine:
             self.counters.updates += 1
             await self.llm.resume_generation()
             seconds = clock() - t0
+        async with self._version_changed:
+            self._version_changed.notify_all()
         log.info("weights: now at version %d (%.3f s paused, %.3f s loading)", version, seconds, phases["load_s"])
         return {"version": version, "seconds": seconds, "phases": phases}
+
+    async def wait_version(self, after: int, timeout_s: float) -> int:
+        """The weights' version once it is above `after` (generation has resumed with it), or the current one after
+        `timeout_s`. A hint for clients that wait on the trainer's next version (see docs/generation_api.md): it
+        answers as soon as an update completes, where the trainer's `versions/latest.json` is read on a timer."""
+        async with self._version_changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._version_changed.wait_for(lambda: self.version > after), timeout_s)
+        return self.version
 
     async def checksum(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """The weights' checksum (see `WeightSyncExtension.asyncrl_checksum` for the per-worker fields).

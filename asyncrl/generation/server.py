@@ -12,12 +12,15 @@ Routes (the contract in docs/generation_api.md):
   requests_finished, requests_aborted, updates} (the last six cumulative since the engine was ready)
 - `POST /weights/init` {master_addr, master_port, rank, world_size, backend, timeout_s[, group_name]}
 - `POST /weights/update` {version[, timeout_s]} → {version, seconds}
+- `GET /weights/version?after=N&wait_s=S` → {version}: answers once the weights' version is above N (generation has
+  resumed with it), or after S seconds (at most `MAX_VERSION_WAIT_S`) with the current version
 - `GET /weights/checksum` → {version, checksum, source, workers: [per-worker checksums]}
-Bad bodies get 422 naming the field (types are strict: no "3" for 3, no true for 1; no NaN or infinity; unknown
-fields refused; token ids within the model's vocabulary; max_tokens at most max_model_len) or 400 naming the
-limit when the prompt is too long for the model (more than max_model_len - 1 tokens) or prompt + max_tokens
-exceeds max_model_len. Nothing a client sends reaches the engine unchecked: an out-of-vocabulary token id would
-crash vLLM's engine (it validates ids only with a tokenizer, and this server runs without one).
+Bad bodies (checked by `asyncrl.generation.bodies`) get 422 naming the field (types are strict: no "3" for 3, no
+true for 1; no NaN or infinity; unknown fields refused; token ids within the model's vocabulary; max_tokens at most
+max_model_len) or 400 naming the limit when the prompt is too long for the model (more than max_model_len - 1
+tokens) or prompt + max_tokens exceeds max_model_len. Nothing a client sends reaches the engine unchecked: an
+out-of-vocabulary token id would crash vLLM's engine (it validates ids only with a tokenizer, and this server runs
+without one).
 Every route needs `Authorization: Bearer $ASYNCRL_ROLE_TOKEN` (401 without, 403 wrong: `asyncrl.rpc.auth`) and
 bodies are limited to `MAX_BODY_BYTES` (413); `run_server` refuses to start without the token unless told
 `insecure_no_token=True` (`--insecure-no-token`, for tests on loopback only).
@@ -39,15 +42,25 @@ import os
 import signal
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 import uvicorn
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Query
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from asyncrl.generation.bodies import (
+    MAX_BODY_BYTES,
+    MAX_VERSION_WAIT_S,
+    AbortBatchRequest,
+    AbortRequest,
+    GenerateBatchRequest,
+    GenerateRequest,
+    WeightsInitRequest,
+    WeightsUpdateRequest,
+    check_against_model,
+)
 from asyncrl.generation.engine import (
     EngineSettings,
     EngineUnavailable,
@@ -59,103 +72,6 @@ from asyncrl.rpc.auth import MissingTokenError, require_token, secure_app, valid
 from asyncrl.rpc.listen import bind_socket
 
 log = logging.getLogger(__name__)
-
-MAX_BODY_BYTES = 8 << 20  # a /generate body of MAX_PROMPT_TOKENS ids is well under this
-MAX_PROMPT_TOKENS = 1 << 20
-MAX_STOP_TOKENS = 4096
-MAX_SEED = 2**63 - 1  # torch generators take 64-bit seeds
-MAX_BATCH_REQUESTS = 4096  # requests in one /generate_batch or /abort_batch body (the body limit applies too)
-
-TokenId = Annotated[int, Field(ge=0)]
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-
-
-class GenerateRequest(_Body):
-    request_id: str = Field(min_length=1, max_length=256)
-    prompt_token_ids: list[TokenId] = Field(min_length=1, max_length=MAX_PROMPT_TOKENS)
-    max_tokens: int = Field(ge=1)
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, le=MAX_SEED)
-    stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=MAX_STOP_TOKENS)
-    min_tokens: int = Field(0, ge=0)  # EOS and stop_token_ids cannot end the request before this many tokens
-    ignore_eos: bool = False  # the model's EOS does not end the request (stop_token_ids still do)
-
-    @field_validator("min_tokens")
-    @classmethod
-    def _min_tokens_within_max_tokens(cls, v: int, info: ValidationInfo) -> int:
-        max_tokens = info.data.get("max_tokens")  # absent when max_tokens itself failed validation
-        if max_tokens is not None and v > max_tokens:
-            raise ValueError(f"expected min_tokens <= max_tokens ({max_tokens}), got {v}")
-        return v
-
-
-class AbortRequest(_Body):
-    request_id: str = Field(min_length=1, max_length=256)
-
-
-class GenerateBatchRequest(_Body):
-    requests: list[GenerateRequest] = Field(min_length=1, max_length=MAX_BATCH_REQUESTS)
-
-    @field_validator("requests")
-    @classmethod
-    def _distinct_ids(cls, v: list[GenerateRequest]) -> list[GenerateRequest]:
-        seen: set[str] = set()
-        for i, r in enumerate(v):
-            if r.request_id in seen:
-                raise ValueError(f"requests[{i}].request_id: expected distinct request ids, {r.request_id!r} repeats")
-            seen.add(r.request_id)
-        return v
-
-
-class AbortBatchRequest(_Body):
-    request_ids: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
-        min_length=1, max_length=MAX_BATCH_REQUESTS)
-
-
-class WeightsInitRequest(_Body):
-    master_addr: str = Field(min_length=1)
-    master_port: int = Field(ge=1, le=65535)
-    rank: int = Field(ge=1)
-    world_size: int = Field(ge=2)
-    backend: Literal["gloo", "nccl"] = "gloo"
-    timeout_s: float = Field(300.0, gt=0)
-    group_name: str = Field("asyncrl-weights", pattern=r"^[A-Za-z0-9._-]{1,128}$")
-
-
-class WeightsUpdateRequest(_Body):
-    version: int = Field(ge=1)
-    timeout_s: float = Field(300.0, gt=0)
-
-
-def _field_error(field: str | tuple[str | int, ...], msg: str) -> RequestValidationError:
-    loc = (field,) if isinstance(field, str) else field
-    return RequestValidationError([{"type": "value_error", "loc": ("body", *loc), "msg": msg}])
-
-
-def check_against_model(req: GenerateRequest, max_model_len: int, vocab_size: int | None) -> None:
-    """Pure: the checks that need the model's limits. A 422 (`RequestValidationError`) for a field that is wrong
-    whatever the rest of the request (an out-of-vocabulary id, max_tokens over max_model_len); a 400
-    (`HTTPException`) naming the limit for a prompt too long for the model, or prompt + max_tokens over it."""
-    if vocab_size is not None:
-        for name, ids in (("prompt_token_ids", req.prompt_token_ids), ("stop_token_ids", req.stop_token_ids)):
-            bad = next((i for i, t in enumerate(ids) if t >= vocab_size), None)
-            if bad is not None:
-                raise _field_error((name, bad), f"expected a token id < the model's vocabulary size {vocab_size}, "
-                                                f"got {ids[bad]}")
-    if req.max_tokens > max_model_len:
-        raise _field_error("max_tokens", f"expected at most max_model_len {max_model_len}, got {req.max_tokens}")
-    n = len(req.prompt_token_ids)
-    if n > max_model_len - 1:
-        raise HTTPException(400, f"prompt_token_ids: the prompt has {n} tokens, expected at most max_model_len - 1 "
-                                 f"= {max_model_len - 1} (room for one new token)")
-    if n + req.max_tokens > max_model_len:
-        raise HTTPException(400, f"max_tokens: prompt ({n} tokens) + max_tokens ({req.max_tokens}) exceeds "
-                                 f"max_model_len {max_model_len}; expected max_tokens <= {max_model_len - n}")
-
 
 _JSON = msgspec.json.Encoder()
 
@@ -262,6 +178,13 @@ def create_app(engine: GenerationEngine, token: str | None, max_body_bytes: int 
         except Exception as e:
             log.exception("weights/update failed")
             raise HTTPException(status_code=500, detail=f"weights/update: {type(e).__name__}: {e}") from e
+
+    @app.get("/weights/version")
+    async def weights_version(
+        after: Annotated[int, Query(ge=-1)] = -1,
+        wait_s: Annotated[float, Query(ge=0, le=MAX_VERSION_WAIT_S, allow_inf_nan=False)] = 0.0,
+    ) -> dict[str, Any]:
+        return {"version": await engine.wait_version(after, wait_s)}
 
     @app.get("/weights/checksum")
     async def weights_checksum() -> dict[str, Any]:

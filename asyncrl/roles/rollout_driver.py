@@ -12,7 +12,10 @@ else belongs to `RolloutDriver`, whatever the kind:
   share one object, `groups/<writer>/<seq>.parquet`);
 - the asyncio tasks the kind starts: tracked, each end wakes the main loop, all cancelled at shutdown;
 - following the trainer through `versions/latest.json` (version, and how many of this writer's groups it trained and
-  read), and reporting generation servers that came back;
+  read), and reporting generation servers that came back. The file is read every `POLL_S`; a long poll of a
+  generation server's weights version (`watch_versions`) says when the trainer has just pushed a new version, and the
+  file is then read at once (every `HINT_POLL_S` until it shows that version), so that admission, which waits for
+  the new version under α, starts within milliseconds of the push instead of up to `POLL_S` later;
 - stats: every `rollout.stats_interval_s` its rollout metrics (aborts, drops, in-flight, per-server busy fraction
   and tokens/s, plus the kind's own) go to `stats/<writer>.json` for the trainer to log;
 - the main loop, until the run's `done` marker appears, and shutdown.
@@ -53,6 +56,9 @@ log = logging.getLogger(ROLE_LOGGER)
 
 MAX_GROUPS_PER_OBJECT = 64  # groups written as one S3 object at most (one PUT, one GET, whatever the group count)
 POLL_S = 0.1  # how often the writer reads the trainer's versions/latest.json (admission waits for it)
+HINT_POLL_S = 0.01  # how often it reads it while a generation server already runs a version latest.json lacks
+HINT_WINDOW_S = 2.0  # for at most this long after the hint: past it, POLL_S again (the hint is never trusted alone)
+VERSION_WAIT_S = 30.0  # one long poll of a generation server's weights version (GET /weights/version)
 DONE_CHECK_S = 1.0  # how often it looks for the run's done marker
 
 
@@ -164,6 +170,9 @@ class RolloutDriver:
         self.to_write: list[Group] = []  # emitted, not yet written (see write_group)
         self.objects_written = 0
         self._health: list[dict[str, Any]] | None = None
+        self.version_hint = 0  # the newest weights version a generation server reported (see `watch_versions`)
+        self._hint_until = 0.0
+        self._watcher: asyncio.Task | None = None
         self.kind = kind(self)
 
     # ---- what the kind reports -----------------------------------------------------------------------
@@ -304,26 +313,57 @@ class RolloutDriver:
         if (version, trained, consumed) != (self.sched.version, self.sched.trained, self.sched.consumed):
             await self.apply(self.sched.version_advanced(version, trained, consumed))
 
+    def hinted(self, now: float) -> bool:
+        """Whether a generation server runs a version newer than the trainer's latest.json showed, recently enough
+        that latest.json should show it any moment."""
+        return self.version_hint > self.sched.version and now < self._hint_until
+
+    async def watch_versions(self) -> None:
+        """Long-poll a live generation server's weights version; a version above the writer's wakes the main loop
+        (`hinted`). A server that fails the call is left for a second and the next live one asked. Nothing is
+        decided on the hint: admission still follows latest.json alone."""
+        turn = 0
+        while True:
+            live = [i for i in range(len(self.gens)) if i not in self.sched.servers_down]
+            if not live:
+                await asyncio.sleep(1.0)
+                continue
+            server = live[turn % len(live)]
+            try:
+                version = await self.gens[server].wait_version(max(self.sched.version, self.version_hint),
+                                                               VERSION_WAIT_S)
+            except RemoteError as err:
+                log.debug("version watch of server %d: %s", server, err)
+                turn += 1
+                await asyncio.sleep(1.0)
+                continue
+            if version > max(self.sched.version, self.version_hint):
+                self.version_hint, self._hint_until = version, time.monotonic() + HINT_WINDOW_S
+                self._task_ended.set()
+
     async def run(self) -> None:
         interval = self.cfg.rollout.stats_interval_s
         last_stats = time.monotonic()
         await self.publish_stats()
+        self._watcher = asyncio.create_task(self.watch_versions(), name="version-watch")
         last_done_check = last_follow = float("-inf")
         while True:
-            # the loop wakes whenever a tracked task ends; the S3 reads it makes are paced by time, not by requests
+            # the loop wakes whenever a tracked task ends or a server reports a new version; the S3 reads it makes
+            # are paced by time, not by requests
             now = time.monotonic()
             if now - last_done_check >= DONE_CHECK_S:
                 last_done_check = now
                 if await asyncio.to_thread(self.ctx.is_done):
                     break
-            if now - last_follow >= POLL_S:
+            if now - last_follow >= (HINT_POLL_S if self.hinted(now) else POLL_S):
                 last_follow = now
                 await self.follow_trainer()
             for server in await self.gens.returned(self.sched.servers_down, self.sched.min_trainable_version()):
                 await self.apply(self.sched.server_returned(server))
             await self.apply(self.admit())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._task_ended.wait(), POLL_S)
+                await asyncio.wait_for(self._task_ended.wait(),
+                                       HINT_POLL_S if self.hinted(time.monotonic()) else POLL_S)
             self._task_ended.clear()
             if time.monotonic() - last_stats > interval:
                 last_stats = time.monotonic()
@@ -335,6 +375,9 @@ class RolloutDriver:
         await self.shutdown()
 
     async def shutdown(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)

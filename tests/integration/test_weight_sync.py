@@ -245,3 +245,28 @@ def test_rendezvous_store_listens_on_master_addr_only(sender: WeightSender) -> N
     listening = [c.laddr for c in psutil.Process().net_connections("tcp")
                  if c.status == psutil.CONN_LISTEN and c.laddr.port == sender._store.port]
     assert [a.ip for a in listening] == ["127.0.0.1"], listening
+
+
+def test_version_long_poll_answers_when_an_update_lands(
+    servers: tuple[list[ServerProcess], Path], trainer_model: torch.nn.Module, sender: WeightSender
+) -> None:
+    """GET /weights/version: at once when the version is already above `after`, the current version when `wait_s`
+    passes without an update, and the new version as soon as a push lands (the environment's admission hint)."""
+    url = servers[0][0].url
+    v = _health(url)["version"]
+    assert httpx.get(f"{url}/weights/version", params={"after": -1}, timeout=30).json() == {"version": v}
+    assert httpx.get(f"{url}/weights/version", params={"after": v, "wait_s": 0.2}, timeout=30).json() == {"version": v}
+    answers: list[Any] = []
+    poll = threading.Thread(target=lambda: answers.append(httpx.get(
+        f"{url}/weights/version", params={"after": v, "wait_s": 60}, timeout=90).json()))
+    poll.start()
+    time.sleep(0.5)  # the long poll is waiting in the server
+    assert poll.is_alive() and answers == []
+    named = [(n, p.detach().clone()) for n, p in trainer_model.named_parameters()]
+    sender.push(v + 1, named)
+    poll.join(timeout=30)  # answered with the update, not at the end of its 60 s
+    assert not poll.is_alive() and answers == [{"version": v + 1}]
+    for params, field in (({"after": -2}, "after"), ({"after": v, "wait_s": 61}, "wait_s"),
+                          ({"after": v, "wait_s": "nan"}, "wait_s")):
+        r = httpx.get(f"{url}/weights/version", params=params, timeout=30)
+        assert r.status_code == 422 and field in r.text, (params, r.text)

@@ -148,7 +148,8 @@ class _IdleEngine:
 
 
 def test_generation_app_guards_every_route_and_limits_prompts() -> None:
-    from asyncrl.generation.server import MAX_PROMPT_TOKENS, create_app
+    from asyncrl.generation.bodies import MAX_PROMPT_TOKENS
+    from asyncrl.generation.server import create_app
 
     app = create_app(_IdleEngine(), TOKEN)  # type: ignore[arg-type]
     for method, path in (("GET", "/health"), ("POST", "/generate"), ("POST", "/abort"), ("POST", "/weights/init"),

@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 
 from asyncrl.config import ConfigError, load_config
 from asyncrl.config.load import parse_yaml
-from asyncrl.generation.server import GenerateRequest, check_against_model
+from asyncrl.generation.bodies import GenerateRequest, check_against_model
 from asyncrl.models.folder import ModelFolderError, check_model_folder, model_folder_problems
 from asyncrl.rpc.auth import BodyLimitMiddleware, validation_details
 

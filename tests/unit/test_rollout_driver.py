@@ -226,3 +226,43 @@ def test_the_rollout_package_is_pure() -> None:
     for path in sorted((ROOT / "asyncrl" / "rollout").glob("*.py")):
         bad = [m for m in imports(path) if m.startswith(io)]
         assert not bad, f"{path.name} imports {bad}"
+
+
+def test_a_server_reporting_a_new_version_makes_the_writer_read_latest_json_at_once() -> None:
+    """The version watch is a hint: it wakes the main loop and shortens the poll of latest.json while the file lags
+    behind the servers, but the scheduler's version still comes from latest.json alone."""
+    from asyncrl.roles import rollout_driver
+
+    driver, _, store = make_driver()
+    asked: list[int] = []
+    release = asyncio.Event()
+
+    async def wait_version(after: int, wait_s: float) -> int:
+        asked.append(after)
+        if len(asked) > 1:
+            await release.wait()
+        return 3
+
+    driver.gens[0].wait_version = wait_version  # type: ignore[attr-defined]
+
+    async def scenario() -> None:
+        watch = asyncio.create_task(driver.watch_versions())
+        await asyncio.wait_for(driver._task_ended.wait(), 5)
+        assert driver.version_hint == 3 and driver.sched.version == 0
+        assert driver.hinted(rollout_driver.time.monotonic())
+        await driver.follow_trainer()  # latest.json not written yet: nothing changes
+        assert driver.sched.version == 0
+        store.json[driver.ctx.paths.versions_latest()] = {"version": 3, "consumed": {}, "trained": {}}
+        await driver.follow_trainer()
+        assert driver.sched.version == 3 and not driver.hinted(rollout_driver.time.monotonic())
+        assert asked == [0, 3]  # the next long poll waits for a version above the one seen
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_the_hint_expires_when_latest_json_never_shows_it() -> None:
+    driver, _, _ = make_driver()
+    driver.version_hint, driver._hint_until = 5, 100.0
+    assert driver.hinted(99.0) and not driver.hinted(100.0)
