@@ -187,6 +187,7 @@ class GenerationEngine:
         self._inflight: dict[str, _InFlight] = {}
         self._update_lock = asyncio.Lock()
         self._version_changed = asyncio.Condition()  # notified after every update (see `wait_version`)
+        self._closing = False  # set by `release_waiters`: the server stops, no long poll waits any more
         self.weights_initialised = False
         self.failed: str | None = None  # set when a weight update failed half-way (model unusable)
         self.counters = ActivityCounters()
@@ -425,8 +426,16 @@ class GenerationEngine:
         answers as soon as an update completes, where the trainer's `versions/latest.json` is read on a timer."""
         async with self._version_changed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._version_changed.wait_for(lambda: self.version > after), timeout_s)
+                await asyncio.wait_for(
+                    self._version_changed.wait_for(lambda: self.version > after or self._closing), timeout_s)
         return self.version
+
+    async def release_waiters(self) -> None:
+        """Answer every `wait_version` now, and any later one at once: the server is stopping, and its graceful
+        shutdown would otherwise wait for the long polls."""
+        async with self._version_changed:
+            self._closing = True
+            self._version_changed.notify_all()
 
     async def checksum(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """The weights' checksum (see `WeightSyncExtension.asyncrl_checksum` for the per-worker fields).

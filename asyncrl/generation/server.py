@@ -263,6 +263,7 @@ async def run_server(
         log.info("generation server ready on %s:%d", host, real_port)
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        await engine.release_waiters()  # the long polls answer now, not after uvicorn's graceful-shutdown timeout
         server.should_exit = True
         await serving
         stopping.cancel()

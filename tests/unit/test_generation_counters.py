@@ -1,8 +1,10 @@
 """The generation engine's /health figures: `ActivityCounters` with a hand-driven clock, and running / waiting / load
-read from vLLM's output processor."""
+read from vLLM's output processor; and the weights-version long poll's waiters."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -86,3 +88,32 @@ def test_sampled_logprobs_are_checked_against_the_tokens() -> None:
     assert _sampled_logprobs(None, []) == []
     with pytest.raises(RuntimeError, match="one per sampled token"):
         _sampled_logprobs(flat, [5, 9, 2])
+
+
+def test_version_long_poll_answers_on_an_update_on_its_deadline_and_when_the_server_stops() -> None:
+    """`wait_version`: at once when the version is already above `after`; the current version at its deadline; the
+    new version when an update notifies; and at once for every waiter (and any later one) once `release_waiters`
+    runs, so that a stopping server does not sit out uvicorn's graceful-shutdown timeout on the long polls."""
+
+    async def scenario() -> None:
+        engine = GenerationEngine(None, EngineSettings(model="unused"))
+        engine.version = 2
+        assert await engine.wait_version(1, 60) == 2
+        t0 = time.monotonic()
+        assert await engine.wait_version(2, 0.05) == 2
+        assert time.monotonic() - t0 < 30  # ended by its deadline, not by anything else
+        waiter = asyncio.create_task(engine.wait_version(2, 60))
+        await asyncio.sleep(0.01)
+        assert not waiter.done()
+        async with engine._version_changed:  # what update_weights does once generation resumed with version 3
+            engine.version = 3
+            engine._version_changed.notify_all()
+        assert await asyncio.wait_for(waiter, 5) == 3
+        waiters = [asyncio.create_task(engine.wait_version(3, 60)) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        assert not any(w.done() for w in waiters)
+        await engine.release_waiters()
+        assert await asyncio.wait_for(asyncio.gather(*waiters), 5) == [3, 3, 3]
+        assert await asyncio.wait_for(engine.wait_version(3, 60), 5) == 3  # a later one answers at once
+
+    asyncio.run(scenario())
