@@ -28,7 +28,7 @@ import functools
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
@@ -191,20 +191,34 @@ def decode_response(tok: PreTrainedTokenizerFast, ids: Sequence[int]) -> str:
     own decoding (a byte-level BPE's `Ġ` becomes a space); for the built-in character tokenizers that is the tokens
     joined.
     """
-    eos = int(tok.eos_token_id)
-    special = set(tok.all_special_ids)
-    n = len(tok)
+    facts = _decode_facts(tok, len(tok))
     kept: list[int] = []
     for i in ids:
         i = int(i)
-        if i == eos:
+        if i == facts.eos:
             break
-        if i in special or not 0 <= i < n:
+        if i in facts.special or not 0 <= i < facts.n:
             continue
         kept.append(i)
-    if _joins_tokens(tok):  # the built-in tokenizers: 3x faster than decode, and the same text
-        return "".join(tok.convert_ids_to_tokens(kept))
+    if facts.tokens is not None:  # the built-in tokenizers: the token strings joined, the same text as decode
+        return "".join([facts.tokens[i] for i in kept])
     return tok.decode(kept, clean_up_tokenization_spaces=False)
+
+
+class _DecodeFacts(NamedTuple):
+    eos: int
+    special: frozenset[int]
+    n: int
+    tokens: tuple[str, ...] | None  # id -> token string, when decoding is joining them (`_joins_tokens`)
+
+
+@functools.lru_cache(maxsize=16)
+def _decode_facts(tok: PreTrainedTokenizerFast, n: int) -> _DecodeFacts:
+    """What `decode_response` needs of `tok`, read once per tokenizer and size (`n` = len(tok): a token added later
+    makes a new entry). Reading them on every call (`all_special_ids` builds a list, each attribute goes through
+    the tokenizer's `__getattr__`) was ~12% of an environment role's CPU on the default job."""
+    tokens = tuple(tok.convert_ids_to_tokens(list(range(n)))) if _joins_tokens(tok) else None
+    return _DecodeFacts(int(tok.eos_token_id), frozenset(tok.all_special_ids), n, tokens)
 
 
 @functools.lru_cache(maxsize=16)

@@ -49,6 +49,19 @@ def test_decode_stops_at_eos_and_drops_specials_and_out_of_vocab() -> None:
     assert decode_response(tok, []) == ""
 
 
+def test_decode_sees_a_token_added_after_its_first_call() -> None:
+    """`decode_response` reads the tokenizer's facts once per tokenizer and size: a token added later is decoded,
+    not dropped as out of the vocabulary."""
+    tok = make_tokenizer()
+    n = len(tok)
+    assert decode_response(tok, [5, n]) == "1"  # id n does not exist yet
+    tok.add_tokens(["Z"])
+    assert tok.convert_tokens_to_ids("Z") == n
+    assert decode_response(tok, [5, n]) == "1Z"
+    tok.add_special_tokens({"additional_special_tokens": ["<x>"]})
+    assert decode_response(tok, [5, n + 1, n]) == "1Z"  # a new special id is dropped
+
+
 def test_unknown_characters_are_one_unk_each() -> None:
     tok = make_tokenizer()
     assert encode_prompt(tok, "a\n\nb") == [1, 3, 3, 3, 3]
