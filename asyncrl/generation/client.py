@@ -16,12 +16,12 @@ for a connection that breaks or a stream that ends without the sample's line.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import msgspec
 
 from asyncrl.rpc.auth import auth_headers
 from asyncrl.rpc.coalesce import Coalescer, Unanswered, settle
@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH_REQUESTS = 1024  # requests per /generate_batch call (the server takes up to 4096)
 MAX_BATCH_BYTES = 4 << 20  # estimated body bytes per call, well under the servers' 8 MiB limit
+# msgspec, not the json module: 10x faster on a call's body and 4x on each answer line (~3% of an environment
+# role's CPU on the default job). The bodies hold ints, strings and finite floats, which both write the same way.
+_ENCODER, _DECODER = msgspec.json.Encoder(), msgspec.json.Decoder()
 
 
 @dataclass
@@ -114,7 +117,7 @@ class GenerationClient:
         waiting = {r.body["request_id"]: f for r, f in zip(items, futs, strict=True)}
         read_s = max(r.timeout_s for r in items)
         timeout = httpx.Timeout(self._timeout, read=read_s)
-        content = json.dumps({"requests": [r.body for r in items]}, separators=(",", ":")).encode()
+        content = _ENCODER.encode({"requests": [r.body for r in items]})
         headers = {**self._headers, "content-type": "application/json"}
         try:
             async with self._client.stream("POST", url, content=content, headers=headers, timeout=timeout) as r:
@@ -132,12 +135,12 @@ class GenerationClient:
     @staticmethod
     def _answer_line(url: str, line: str, waiting: dict[str, asyncio.Future[dict[str, Any]]]) -> None:
         try:
-            doc = json.loads(line)
+            doc = _DECODER.decode(line)
             rid = doc["request_id"]
             error = doc.get("error")
             if error is not None:
                 status, detail = int(error["status"]), error.get("detail")
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
+        except (msgspec.DecodeError, ValueError, KeyError, TypeError, AttributeError) as err:
             raise RemoteError(f"POST {url}: malformed line in the answer stream: {err!r}") from err
         fut = waiting.pop(rid, None) if isinstance(rid, str) else None
         if fut is None:
