@@ -46,6 +46,7 @@ from asyncrl.roles.single_turn import SingleTurnKind
 from asyncrl.roles.stop_signal import StopSignal
 
 FIRST_WRITER = "env0"  # the writer that runs the periodic held-out evaluation (`eval.every_steps`)
+GC_THRESHOLDS = (10_000, 10, 10)  # CPython's cyclic collector: generation 0 every 10k allocations (default 700)
 
 
 async def run_environment(ctx: RoleContext) -> None:
@@ -66,6 +67,10 @@ async def run_environment(ctx: RoleContext) -> None:
         # the start-up's objects (imports, tokenizer, datasets: ~500k) out of the cyclic collector's reach: with
         # thousands of samples in flight, full collections walking them took 18-42% of this process's CPU
         gc.freeze()
+        # and collections ~14x rarer: each sample allocates dozens of containers, so with CPython's default (700)
+        # the collector ran many times a step; it still took ~9% of the busy event loop on the default job (py-spy,
+        # `make bench-control-plane`), 0.5-1.6% with these. Cyclic garbage lingers longer, a few MB at most.
+        gc.set_threshold(*GC_THRESHOLDS)
         evaluating = None
         if evaluator is not None:
             await evaluator.point(0)  # the warm start, before any rollout (the trainer cannot step before)
