@@ -12,10 +12,11 @@ else belongs to `RolloutDriver`, whatever the kind:
   share one object, `groups/<writer>/<seq>.parquet`);
 - the asyncio tasks the kind starts: tracked, each end wakes the main loop, all cancelled at shutdown;
 - following the trainer through `versions/latest.json` (version, and how many of this writer's groups it trained and
-  read), and reporting generation servers that came back. The file is read every `POLL_S`; a long poll of a
-  generation server's weights version (`watch_versions`) says when the trainer has just pushed a new version, and the
-  file is then read at once (every `HINT_POLL_S` until it shows that version), so that admission, which waits for
-  the new version under α, starts within milliseconds of the push instead of up to `POLL_S` later;
+  read), and reporting generation servers that came back. A long poll of a generation server's weights version
+  (`watch_versions`) says when the trainer has just pushed a new version; the file is then read at once (every
+  `HINT_POLL_S` until it shows it), so admission under α starts within milliseconds of the push. The trainer
+  publishes the file only after a push, so while that watch is healthy the file is read every `WATCHED_POLL_S` (a
+  safety net), else every `POLL_S` (`follow_interval`);
 - stats: every `rollout.stats_interval_s` its rollout metrics (aborts, drops, in-flight, per-server busy fraction
   and tokens/s, plus the kind's own) go to `stats/<writer>.json` for the trainer to log;
 - the main loop, until the run's `done` marker appears, and shutdown.
@@ -56,6 +57,7 @@ log = logging.getLogger(ROLE_LOGGER)
 
 MAX_GROUPS_PER_OBJECT = 64  # groups written as one S3 object at most (one PUT, one GET, whatever the group count)
 POLL_S = 0.1  # how often the writer reads the trainer's versions/latest.json (admission waits for it)
+WATCHED_POLL_S = 1.0  # how often while the version watch is healthy (a push is then announced by the watch)
 HINT_POLL_S = 0.01  # how often it reads it while a generation server already runs a version latest.json lacks
 HINT_WINDOW_S = 2.0  # for at most this long after the hint: past it, POLL_S again (the hint is never trusted alone)
 VERSION_WAIT_S = 30.0  # one long poll of a generation server's weights version (GET /weights/version)
@@ -170,8 +172,8 @@ class RolloutDriver:
         self.to_write: list[Group] = []  # emitted, not yet written (see write_group)
         self.objects_written = 0
         self._health: list[dict[str, Any]] | None = None
-        self.version_hint = 0  # the newest weights version a generation server reported (see `watch_versions`)
-        self._hint_until = 0.0
+        self.version_hint, self._hint_until = 0, 0.0  # the newest version a server reported (`watch_versions`)
+        self._watch_seen, self._watch_ok_until = -1, 0.0  # the watched server's last answer; healthy until then
         self._watcher: asyncio.Task | None = None
         self.kind = kind(self)
 
@@ -318,6 +320,16 @@ class RolloutDriver:
         that latest.json should show it any moment."""
         return self.version_hint > self.sched.version and now < self._hint_until
 
+    def follow_interval(self, now: float) -> float:
+        """Seconds between reads of latest.json: `HINT_POLL_S` while hinted; `WATCHED_POLL_S` while the watch's long
+        poll opened within `VERSION_WAIT_S` + 5 s and its server is not behind the file (a server left out of the
+        weight group would never announce a push); else `POLL_S`."""
+        if self.hinted(now):
+            return HINT_POLL_S
+        if now < self._watch_ok_until and self._watch_seen >= self.sched.version:
+            return WATCHED_POLL_S
+        return POLL_S
+
     async def watch_versions(self) -> None:
         """Long-poll a live generation server's weights version; a version above the writer's wakes the main loop
         (`hinted`). A server that fails the call is left for a second and the next live one asked. Nothing is
@@ -329,14 +341,17 @@ class RolloutDriver:
                 await asyncio.sleep(1.0)
                 continue
             server = live[turn % len(live)]
+            self._watch_ok_until = time.monotonic() + VERSION_WAIT_S + 5.0
             try:
                 version = await self.gens[server].wait_version(max(self.sched.version, self.version_hint),
                                                                VERSION_WAIT_S)
             except RemoteError as err:
                 log.debug("version watch of server %d: %s", server, err)
+                self._watch_ok_until, self._watch_seen = 0.0, -1
                 turn += 1
                 await asyncio.sleep(1.0)
                 continue
+            self._watch_seen = version
             if version > max(self.sched.version, self.version_hint):
                 self.version_hint, self._hint_until = version, time.monotonic() + HINT_WINDOW_S
                 self._task_ended.set()
@@ -355,7 +370,7 @@ class RolloutDriver:
                 last_done_check = now
                 if await asyncio.to_thread(self.ctx.is_done):
                     break
-            if now - last_follow >= (HINT_POLL_S if self.hinted(now) else POLL_S):
+            if now - last_follow >= self.follow_interval(now):
                 last_follow = now
                 await self.follow_trainer()
             for server in await self.gens.returned(self.sched.servers_down, self.sched.min_trainable_version()):

@@ -266,3 +266,55 @@ def test_the_hint_expires_when_latest_json_never_shows_it() -> None:
     driver, _, _ = make_driver()
     driver.version_hint, driver._hint_until = 5, 100.0
     assert driver.hinted(99.0) and not driver.hinted(100.0)
+
+
+def test_latest_json_is_read_slowly_only_while_the_version_watch_is_healthy() -> None:
+    """The trainer publishes latest.json after each push, so while a server's long poll answers and that server is
+    not behind the file, the periodic read is only a safety net (`WATCHED_POLL_S`); without a watch, after its
+    error, or with its server behind the file (left out of the weight group), every `POLL_S`."""
+    from asyncrl.roles import rollout_driver as rd
+    from asyncrl.rpc.http import RemoteError
+
+    driver, _, store = make_driver()
+    answers: list[int | Exception] = [2, RemoteError("gone", lost=True)]
+    opened = asyncio.Event()
+
+    async def wait_version(after: int, wait_s: float) -> int:
+        if not answers:
+            opened.set()
+            await asyncio.Event().wait()  # a long poll that has not answered yet
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    driver.gens[0].wait_version = wait_version  # type: ignore[attr-defined]
+    now = rd.time.monotonic
+    assert driver.follow_interval(now()) == rd.POLL_S  # no watch yet
+
+    async def scenario() -> None:
+        real_sleep = asyncio.sleep
+        rd.asyncio.sleep = lambda s: real_sleep(0)  # type: ignore[assignment]  (the watch's 1 s pause after an error)
+        try:
+            watch = asyncio.create_task(driver.watch_versions())
+            await asyncio.wait_for(driver._task_ended.wait(), 5)  # the watch reported version 2: a hint
+            assert driver.follow_interval(now()) == rd.HINT_POLL_S
+            store.json[driver.ctx.paths.versions_latest()] = {"version": 2, "consumed": {}, "trained": {}}
+            await driver.follow_trainer()
+            await asyncio.wait_for(opened.wait(), 5)  # after an error, the next long poll is open and answering
+            assert driver._watch_seen == -1 and driver.follow_interval(now()) == rd.POLL_S  # answered nothing yet
+            driver._watch_seen = 2  # as if that poll had answered with the file's version
+            assert driver.follow_interval(now()) == rd.WATCHED_POLL_S
+            store.json[driver.ctx.paths.versions_latest()] = {"version": 3, "consumed": {}, "trained": {}}
+            await driver.follow_trainer()  # the file moved past the watched server: it is behind
+            assert driver.follow_interval(now()) == rd.POLL_S
+            driver._watch_seen = 3
+            assert driver.follow_interval(now()) == rd.WATCHED_POLL_S
+            assert driver.follow_interval(now() + rd.VERSION_WAIT_S + 6) == rd.POLL_S  # a poll that never answers
+            assert not watch.done()
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        finally:
+            rd.asyncio.sleep = real_sleep  # type: ignore[assignment]
+
+    asyncio.run(scenario())
