@@ -221,7 +221,6 @@ def _decode_facts(tok: PreTrainedTokenizerFast, n: int) -> _DecodeFacts:
     return _DecodeFacts(int(tok.eos_token_id), frozenset(tok.all_special_ids), n, tokens)
 
 
-@functools.lru_cache(maxsize=16)
 def _joins_tokens(tok: PreTrainedTokenizerFast) -> bool:
     """Whether decoding `tok`'s ids is joining their token strings (a `Fuse` decoder, or none)."""
     decoder = tok.backend_tokenizer.decoder
