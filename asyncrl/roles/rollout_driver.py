@@ -18,8 +18,7 @@ else belongs to `RolloutDriver`, whatever the kind:
   publishes the file only after a push, so while that watch is healthy the file is read every `WATCHED_POLL_S` (a
   safety net), else every `POLL_S` (`follow_interval`);
 - stats: every `rollout.stats_interval_s` its rollout metrics (aborts, drops, in-flight, per-server busy fraction
-  and tokens/s, plus the kind's own) go to `stats/<writer>.json` for the trainer to log;
-- the main loop, until the run's `done` marker appears, and shutdown.
+  and tokens/s, plus the kind's own) go to `stats/<writer>.json` for the trainer to log; the main loop and shutdown.
 
 Invariants: the scheduler is only ever told what happened through `apply(self.sched.<event>(...))`, so every
 decision it returns is performed; a group the kind emits is written before `apply` returns for its `EmitGroup`.
@@ -337,7 +336,8 @@ class RolloutDriver:
         turn = 0
         while True:
             live = [i for i in range(len(self.gens)) if i not in self.sched.servers_down]
-            if not live:
+            if not live:  # nothing to watch: not healthy, the file is read every POLL_S
+                self._watch_ok_until = 0.0
                 await asyncio.sleep(1.0)
                 continue
             server = live[turn % len(live)]

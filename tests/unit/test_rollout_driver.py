@@ -318,3 +318,37 @@ def test_latest_json_is_read_slowly_only_while_the_version_watch_is_healthy() ->
             rd.asyncio.sleep = real_sleep  # type: ignore[assignment]
 
     asyncio.run(scenario())
+
+
+def test_latest_json_is_read_every_poll_s_while_no_server_is_live_to_watch() -> None:
+    """A poll that answered before every server was marked down does not keep the slow reading: with nothing to
+    watch, the file is read every `POLL_S`."""
+    from asyncrl.roles import rollout_driver as rd
+
+    driver, _, _ = make_driver()
+    paused = asyncio.Event()
+
+    async def wait_version(after: int, wait_s: float) -> int:
+        driver.sched._down.update(range(len(driver.gens)))  # every server lost while this poll was open
+        return driver.sched.version
+
+    async def pause(s: float) -> None:
+        paused.set()
+        await asyncio.Event().wait()
+
+    driver.gens[0].wait_version = wait_version  # type: ignore[attr-defined]
+
+    async def scenario() -> None:
+        real_sleep = asyncio.sleep
+        rd.asyncio.sleep = pause  # type: ignore[assignment]
+        try:
+            watch = asyncio.create_task(driver.watch_versions())
+            await asyncio.wait_for(paused.wait(), 5)
+            assert driver._watch_seen == driver.sched.version  # the poll answered, its server not behind the file
+            assert driver.follow_interval(rd.time.monotonic()) == rd.POLL_S
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        finally:
+            rd.asyncio.sleep = real_sleep  # type: ignore[assignment]
+
+    asyncio.run(scenario())
