@@ -56,9 +56,10 @@ calibrate: $(STAMP)
 
 # Efficiency of the whole system, default and long-tail jobs side by side: the real run against the raw vLLM engine,
 # TRL's GRPOTrainer (its own venv, .cache/bench-trl-venv, built on first use), the pipeline's own limit and the
-# simulator, plus control-plane CPU per trained sample; figures in benchmarks/results/efficiency.json.
+# simulator (calibrated first, in the same run: this host's speed drifts within a day), plus control-plane CPU per
+# trained sample; figures in benchmarks/results/efficiency.json.
 bench-efficiency: $(STAMP)
-	$(PY) benchmarks/efficiency.py
+	$(PY) benchmarks/efficiency.py --calibrate
 
 # Control-plane CPU per trained sample at 256 and ~5,000 samples per step, stand-in generation and trainer (~4 min).
 bench-control-plane: $(STAMP)

@@ -13,7 +13,11 @@ each part in its own process so that no two heavy processes overlap:
    CPU share while nothing new arrives (target <= 5% of a core; `trainer_idle.py`);
 4. TRL: `GRPOTrainer`, synchronous, same model, prompts, batch, group size, lr and temperature, in its own venv
    (`.cache/bench-trl-venv`, built on first use; `trl_part.py`, `trl_worker.py`);
-5. the simulator's `cpu-tiny` prediction for the job (`sim_part.py`);
+5. the simulator's `cpu-tiny` prediction for the job (`sim_part.py`), from the stored calibration
+   (benchmarks/results/cost_model_cpu.json) or, with `--calibrate`, from `benchmarks/calibrate_cost_model.py` run
+   first in this same run (written to the run's work folder; the stored file is left as it is). This machine's speed
+   changes by 2x within a day, so a prediction from a calibration made at another time says more about the host
+   than about the model: `--calibrate` compares real and simulated in one window (about 4 minutes more);
 6. the pipeline's own limit: max(generation, training + weight sync) per step, as samples/s.
 Prints a table with the ratios e2e / raw engine, e2e / TRL, e2e / own limit, real / simulated and writes JSON.
 Both jobs take roughly 15 minutes on 2 cores with the default flags (plus ~3 minutes to build the TRL venv once).
@@ -21,6 +25,7 @@ The figures are only meaningful on a quiet machine: every part shares the same c
 
     .venv/bin/python benchmarks/efficiency.py                        # both jobs, every part (make bench-efficiency)
     .venv/bin/python benchmarks/efficiency.py --jobs default --steps 6 --skip trl,sim --out /tmp/eff.json
+    .venv/bin/python benchmarks/efficiency.py --calibrate                 # the simulator calibrated in the same run
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import json
 import os
 import platform
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -74,6 +80,22 @@ def own_limit(samples: int, raw: dict | None, train: dict | None, e2e: dict | No
     return out
 
 
+def calibrate(work: Path) -> dict[str, Any]:
+    """`benchmarks/calibrate_cost_model.py` into `work`: {"path", "measured_at", "wall_s"} or {"error"}."""
+    out, log_path = work / "cost_model_cpu.json", work / "calibrate.log"
+    work.mkdir(parents=True, exist_ok=True)
+    log(f"calibrating the cost model in this run (benchmarks/calibrate_cost_model.py --out {out}; log {log_path})")
+    t0 = time.monotonic()
+    with log_path.open("w") as logf:
+        rc = subprocess.call([sys.executable, str(ROOT / "benchmarks/calibrate_cost_model.py"), "--out", str(out)],
+                             cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=1800)
+    if rc != 0 or not out.is_file():
+        return {"error": f"calibrate_cost_model.py exited with code {rc}; log {log_path}"}
+    measured_at = json.loads(out.read_text()).get("measured_at")
+    log(f"calibrated ({measured_at}, {time.monotonic() - t0:.0f} s)")
+    return {"path": str(out), "measured_at": measured_at, "wall_s": time.monotonic() - t0}
+
+
 def run_job(name: str, args: argparse.Namespace, work: Path, runs_dir: Path) -> dict[str, Any]:
     from asyncrl.config import load_config
 
@@ -113,7 +135,7 @@ def run_job(name: str, args: argparse.Namespace, work: Path, runs_dir: Path) -> 
             log(f"{name}: TRL COULD NOT RUN: {trl.get('reason')}")
         _report(name, "TRL", trl, "samples_per_s")
     if "sim" not in args.skip:
-        sim = simulate_job(cfg, raw if raw and "error" not in raw else None, args.steps)
+        sim = simulate_job(cfg, raw if raw and "error" not in raw else None, args.steps, args.calibration)
         _report(name, "simulator", sim, "samples_per_s")
     job_params = {"job": name, "config": config, "overrides": overrides, "samples_per_step": samples}
     res["mlflow_runs"] = {
@@ -174,6 +196,8 @@ def print_tables(jobs: dict[str, dict[str, Any]]) -> None:
               f"{'':>10}{_f(figure(j['sim'], 'tokens_per_s'), 10, 0)}{_f(r['e2e_generated_tokens_vs_raw_engine'], 9, 3)}")
         if j["trl"] and j["trl"].get("status") == "unavailable":
             print(f"{'':<10}TRL could not run: {j['trl']['reason'][:200]}")
+        if j["sim"] and "error" not in j["sim"]:
+            print(f"{'':<10}simulated from the calibration measured at {j['sim'].get('calibrated_at')}")
     print("\nper step (s): generation alone, training alone, weight sync, ideal async step; e2e step and its parts")
     for name, j in jobs.items():
         lim, m = j["own_limit"], (j["e2e"] or {}).get("mlflow") or {}
@@ -228,6 +252,8 @@ def main() -> None:
     p.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1,
                    help="torch threads of the TRL process (it generates and trains in one process)")
     p.add_argument("--interval", type=float, default=0.5, help="seconds between CPU samples of the e2e process tree")
+    p.add_argument("--calibrate", action="store_true",
+                   help="run benchmarks/calibrate_cost_model.py first, and simulate from that calibration")
     p.add_argument("--runs-dir", default=str(ROOT / "runs/bench-efficiency"))
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/efficiency.json"))
     args = p.parse_args()
@@ -251,6 +277,12 @@ def main() -> None:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    args.calibration = None
+    if args.calibrate and "sim" not in args.skip:
+        doc["calibration"] = calibrate(work)
+        if "error" in doc["calibration"]:
+            p.error(doc["calibration"]["error"])
+        args.calibration = Path(doc["calibration"]["path"])
     for name in jobs:
         log(f"job {name} ({JOBS[name]})")
         doc["jobs"][name] = run_job(name, args, work, runs_dir)

@@ -8,15 +8,24 @@ raw engine's measured mean, or the task's longest prompt without it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 
-def simulate_job(cfg: Any, raw: dict[str, Any] | None, steps: int) -> dict[str, Any]:
+def simulate_job(cfg: Any, raw: dict[str, Any] | None, steps: int, calibration: Path | None = None) -> dict[str, Any]:
+    """The prediction, from `calibration` (a `calibrate_cost_model.py` output; default: the stored one)."""
     from asyncrl.sim import Dist, SimConfig, Workload, preset, rlvr_workload, simulate
+    from asyncrl.sim.cost_model import CPU_CALIBRATION
 
     ro = cfg.rollout
-    cost, notes = preset("cpu-tiny")
+    calibration = calibration or CPU_CALIBRATION
+    cost, notes = preset("cpu-tiny", calibration)
+    try:
+        calibrated_at = json.loads(calibration.read_text()).get("measured_at")
+    except (OSError, ValueError):
+        calibrated_at = None
     prompt = round(raw["mean_prompt_tokens"]) if raw and raw.get("mean_prompt_tokens") else cfg.task.max_prompt_tokens()
     if ro.length_tail is not None:
         wl = rlvr_workload(ro.length_tail.median_tokens, ro.length_tail.sigma, ro.max_new_tokens, prompt)
@@ -37,4 +46,5 @@ def simulate_job(cfg: Any, raw: dict[str, Any] | None, steps: int) -> dict[str, 
     return {"samples_per_s": result["samples_per_s"], "tokens_per_s": result["tokens_per_s"],
             "step_s": result["mean_step_s"], "gen_busy": result["gen_busy"], "train_busy": result["train_busy"],
             "staleness_mean": result["staleness_mean"], "config": sim_cfg, "workload": workload, "cli": cli,
-            "cost": cost.to_dict(), "cost_notes": notes}
+            "cost": cost.to_dict(), "cost_notes": notes, "calibration": str(calibration),
+            "calibrated_at": calibrated_at}
