@@ -9,7 +9,8 @@ decisions woke) leaves as one `send(items, futures)` call, split into chunks of 
 
 Invariants:
 - every submitted future is resolved exactly once: by `send` (a result or an exception per item), or, when `send`
-  raises or returns leaving some unresolved, with that exception or `Unanswered`;
+  raises or returns leaving some unresolved, with that exception or `Unanswered`; so is the item of a call cancelled
+  before it ran (`close()` right after a flush), with `Unanswered`;
 - a future cancelled by its caller (its deadline passed) is skipped by `send` (`settle` ignores done futures);
 - items keep their submission order within a chunk; chunks go out concurrently.
 """
@@ -17,6 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
@@ -93,7 +95,14 @@ class Coalescer(Generic[T, R]):
         for chunk in chunks:
             task = asyncio.get_running_loop().create_task(self._run(chunk))
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(functools.partial(self._ended, [fut for _, fut in chunk]))
+
+    def _ended(self, futs: list[asyncio.Future[R]], task: asyncio.Task[None]) -> None:
+        """A batch call's task is done. One cancelled before it ever ran (`close()` right after a flush) never
+        reached `_run`'s own settling: its items get `Unanswered` here."""
+        self._tasks.discard(task)
+        for fut in futs:
+            settle(fut, error=Unanswered(f"{self.name}: the batch call ended before it was sent"))
 
     async def _run(self, chunk: list[tuple[T, asyncio.Future[R]]]) -> None:
         items = [item for item, _ in chunk]

@@ -74,6 +74,25 @@ def test_a_cancelled_item_is_not_sent() -> None:
     assert asyncio.run(main()) == "x" and sent == [["kept"]]
 
 
+def test_close_right_after_a_flush_leaves_no_item_unsettled() -> None:
+    """The flush has created the batch call's task, which has not run yet when `close()` cancels it."""
+    sent: list[list[str]] = []
+
+    async def send(items: list[str], futs: list[asyncio.Future[str]]) -> None:
+        sent.append(items)
+
+    async def main() -> None:
+        c: Coalescer[str, str] = Coalescer(send, max_items=10, max_bytes=10**6)
+        item = c.submit("x")
+        await asyncio.sleep(0)  # the flush ran: a task exists for the call, not started
+        await c.close()
+        with pytest.raises(Unanswered):
+            await asyncio.wait_for(item, 5)
+
+    asyncio.run(main())
+    assert sent == []
+
+
 def test_bounds_are_checked() -> None:
     async def send(items: list[int], futs: list[asyncio.Future[int]]) -> None:
         return None
