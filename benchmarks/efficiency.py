@@ -23,9 +23,9 @@ Prints a table with the ratios e2e / raw engine, e2e / TRL, e2e / own limit, rea
 Both jobs take roughly 15 minutes on 2 cores with the default flags (plus ~3 minutes to build the TRL venv once).
 The figures are only meaningful on a quiet machine: every part shares the same cores with anything else running.
 
-    .venv/bin/python benchmarks/efficiency.py                        # both jobs, every part (make bench-efficiency)
+    .venv/bin/python benchmarks/efficiency.py --calibrate            # both jobs, every part (make bench-efficiency)
+    .venv/bin/python benchmarks/efficiency.py                        # the same, simulated from the stored calibration
     .venv/bin/python benchmarks/efficiency.py --jobs default --steps 6 --skip trl,sim --out /tmp/eff.json
-    .venv/bin/python benchmarks/efficiency.py --calibrate                 # the simulator calibrated in the same run
 """
 
 from __future__ import annotations
@@ -87,8 +87,12 @@ def calibrate(work: Path) -> dict[str, Any]:
     log(f"calibrating the cost model in this run (benchmarks/calibrate_cost_model.py --out {out}; log {log_path})")
     t0 = time.monotonic()
     with log_path.open("w") as logf:
-        rc = subprocess.call([sys.executable, str(ROOT / "benchmarks/calibrate_cost_model.py"), "--out", str(out)],
-                             cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=1800)
+        try:
+            rc = subprocess.call([sys.executable, str(ROOT / "benchmarks/calibrate_cost_model.py"), "--out", str(out)],
+                                 cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 timeout=1800)
+        except subprocess.TimeoutExpired:
+            return {"error": f"calibrate_cost_model.py: no result within 1800 s; log {log_path}"}
     if rc != 0 or not out.is_file():
         return {"error": f"calibrate_cost_model.py exited with code {rc}; log {log_path}"}
     measured_at = json.loads(out.read_text()).get("measured_at")
