@@ -9,8 +9,8 @@ decisions woke) leaves as one `send(items, futures)` call, split into chunks of 
 
 Invariants:
 - every submitted future is resolved exactly once: by `send` (a result or an exception per item), or, when `send`
-  raises or returns leaving some unresolved, with that exception or `Unanswered`; so is the item of a call cancelled
-  before it ran (`close()` right after a flush), with `Unanswered`;
+  raises or returns leaving some unresolved, with that exception or `Unanswered` (in the call task's done callback,
+  so also when the call was cancelled before it ever ran: `close()` right after a flush);
 - a future cancelled by its caller (its deadline passed) is skipped by `send` (`settle` ignores done futures);
 - items keep their submission order within a chunk; chunks go out concurrently.
 """
@@ -98,28 +98,21 @@ class Coalescer(Generic[T, R]):
             task.add_done_callback(functools.partial(self._ended, [fut for _, fut in chunk]))
 
     def _ended(self, futs: list[asyncio.Future[R]], task: asyncio.Task[None]) -> None:
-        """A batch call's task is done. One cancelled before it ever ran (`close()` right after a flush) never
-        reached `_run`'s own settling: its items get `Unanswered` here."""
+        """A batch call's task is done: every item `send` left unsettled gets the call's exception, or `Unanswered`
+        (also when the call was cancelled, even before it ever ran: `close()` right after a flush)."""
         self._tasks.discard(task)
+        if task.cancelled():
+            error: BaseException = Unanswered(f"{self.name}: the batch call was cancelled")
+        else:
+            error = task.exception() or Unanswered(f"{self.name}: no answer for this item in the batch call")
         for fut in futs:
-            settle(fut, error=Unanswered(f"{self.name}: the batch call ended before it was sent"))
+            settle(fut, error=error)
 
     async def _run(self, chunk: list[tuple[T, asyncio.Future[R]]]) -> None:
-        items = [item for item, _ in chunk]
-        futs = [fut for _, fut in chunk]
+        """One batch call; what it leaves unsettled, or its exception, is settled by `_ended`."""
         self.calls += 1
-        self.items += len(items)
-        error: BaseException | None = None
-        try:
-            await self._send(items, futs)
-        except asyncio.CancelledError:
-            error = Unanswered(f"{self.name}: the batch call was cancelled")
-            raise
-        except Exception as e:  # every item of the chunk gets the call's error
-            error = e
-        finally:
-            for fut in futs:
-                settle(fut, error=error or Unanswered(f"{self.name}: no answer for this item in the batch call"))
+        self.items += len(chunk)
+        await self._send([item for item, _ in chunk], [fut for _, fut in chunk])
 
     async def close(self) -> None:
         """Cancel the batch calls in flight (their unanswered items get `Unanswered`)."""
