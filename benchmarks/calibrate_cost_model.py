@@ -260,10 +260,11 @@ def measure_server(model: str, trainer: Trainer) -> dict[str, Any]:
             async with httpx.AsyncClient(limits=httpx.Limits(max_connections=1024)) as http:
                 client = GenerationClient(url, http, 60.0)
 
-                async def call(b: int, tag: str) -> float:
+                async def call(b: int, tag: str, length: int = 1) -> float:
                     t0 = time.perf_counter()
-                    await asyncio.gather(*[client.generate(f"{tag}-{i}", PROMPT, max_tokens=1, temperature=1.0,
-                                                           top_p=1.0, seed=i, stop_token_ids=[]) for i in range(b)])
+                    await asyncio.gather(*[client.generate(f"{tag}-{i}", PROMPT, max_tokens=length, temperature=1.0,
+                                                           top_p=1.0, seed=i, stop_token_ids=[], ignore_eos=True)
+                                           for i in range(b)])
                     return time.perf_counter() - t0
 
                 await call(8, "warm")
@@ -273,13 +274,14 @@ def measure_server(model: str, trainer: Trainer) -> dict[str, Any]:
                     await client.health()
                     health.append(time.perf_counter() - t0)
                 out["health_rt_s"] = health
-                for b in (1, 16, 64, 256):
+                for b, length in ((1, 1), (16, 1), (64, 1), (256, 1), (64, 16), (256, 16)):
                     c0, f0 = time.process_time(), sum(front.cpu_times()[:2])
-                    walls = [await call(b, f"rt{b}-{k}") for k in range(5)]
-                    rows.append({"batch": b, "wall_s": statistics.median(walls),
+                    walls = [await call(b, f"rt{b}-{length}-{k}", length) for k in range(5)]
+                    rows.append({"batch": b, "tokens": b * length, "wall_s": statistics.median(walls),
                                  "client_cpu_s": (time.process_time() - c0) / 5,
                                  "frontend_cpu_s": (sum(front.cpu_times()[:2]) - f0) / 5})
-                    print(f"/generate_batch B={b:>4} max_tokens=1: {rows[-1]['wall_s'] * 1e3:7.1f} ms", flush=True)
+                    print(f"/generate_batch B={b:>4} max_tokens={length:>2}: {rows[-1]['wall_s'] * 1e3:7.1f} ms, "
+                          f"front end {rows[-1]['frontend_cpu_s'] * 1e3:6.1f} ms CPU", flush=True)
             return rows
 
         out["generate_batch"] = asyncio.run(round_trips())

@@ -10,14 +10,18 @@ calls `constants_from(raw, prompt_tokens)`; this module owns how each constant i
 - CPU sharing (`raw["server"]["corun"]`): `corun_train_factor` = median training step while a generation server
   decodes / the same step alone; `corun_decode_factor` = median decode batch while the trainer trains / alone
   (both ≥ 1);
-- front end (`raw["server"]`): `http_call_s` = median of a kept-alive `GET /health`; `frontend_s` = the slope over
-  B of the server front end's CPU per `/generate_batch` of B one-token requests (`shared_cpu` = 1: on this machine
-  the control plane's CPU shares the engine's core); weight sync: `sync_latency` = median push − model_bytes /
+- front end (`raw["server"]`): `http_call_s` = median of a kept-alive `GET /health`; `frontend_s` and
+  `frontend_token_s` = the per-request and per-token coefficients of a least-squares plane of the server front
+  end's CPU per `/generate_batch` call over [1, B, T] (B requests decoding T tokens in all: B = 1..256 of one token,
+  and 64 and 256 of 16), and likewise of the `GenerationClient`'s CPU for the environment (`env_token_s`; its
+  per-request part goes into `env_s`); without the 16-token rows (an older file), `frontend_s` is the slope over B
+  (`shared_cpu` = 1: on this machine the control plane's CPU shares the engine's core); weight sync: `sync_latency` = median push − model_bytes /
   sync_bandwidth (the fastest push after the first: the least disturbed);
 - S3 (`raw["s3"]`): group object PUT and GET+decode walls over the tokens per object: intercepts `group_put_s`,
   `group_get_s`, slopes `group_put_token_s`, `group_get_token_s`; a missing key's GET `s3_get_s`; the trainer's
   `publish_s` (metrics reads + latest.json PUT), `log_s` (MLflow), `checkpoint_s`;
-- reward (`raw["reward"]["score_batch"]`, rows items N, wall): intercept `score_call_s`, slope `score_s`;
+- reward (`raw["reward"]["score_batch"]`, rows items N, wall): intercept `score_call_s`, slope `score_s`; the
+  intercept of the client's plus the reward server's CPU per call over N: `score_call_cpu_s`;
 - environment (`raw["env"]`): `env_s` = its own CPU seconds per sample plus its clients' CPU per request (the
   slope of `GenerationClient`'s CPU over B) and per reward item (`RewardClient`'s).
 A negative fitted coefficient is clipped to 0 and its note says so.
@@ -28,7 +32,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-__all__ = ["constants_from", "fit_decode", "fit_line", "ratio"]
+__all__ = ["constants_from", "fit_decode", "fit_line", "fit_plane", "ratio"]
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -65,6 +69,15 @@ def fit_decode(rows: list[dict[str, float]], prompt_tokens: float) -> tuple[floa
     xty = [sum(xi[i] * yi for xi, yi in zip(x, y, strict=True)) for i in range(4)]
     a, b, c, r = _solve(xtx, xty)
     return a, b, c, r
+
+
+def fit_plane(xs: list[tuple[float, float]], ys: list[float]) -> tuple[float, float, float]:
+    """(c0, c1, c2) of the least-squares plane y = c0 + c1·x1 + c2·x2 through the points ((x1, x2), y)."""
+    x = [[1.0, a, b] for a, b in xs]
+    xtx = [[sum(xi[i] * xi[j] for xi in x) for j in range(3)] for i in range(3)]
+    xty = [sum(xi[i] * yi for xi, yi in zip(x, ys, strict=True)) for i in range(3)]
+    c0, c1, c2 = _solve(xtx, xty)
+    return c0, c1, c2
 
 
 def ratio(together: list[float], alone: list[float]) -> float:
@@ -113,10 +126,22 @@ def constants_from(raw: dict[str, Any], prompt_tokens: int, sync_bandwidth: floa
     client_s = 0.0  # the environment's HTTP clients, per sample: generation request + reward item
     if server.get("generate_batch"):
         rows = server["generate_batch"]
-        _, per_req = fit_line([r["batch"] for r in rows], [r["frontend_cpu_s"] for r in rows])
-        _clip(c, n, "frontend_s", per_req, "measured: CPU of the generation server's front end process per request "
-              "(slope over /generate_batch calls of B = 1..256 one-token requests)")
-        client_s += max(0.0, fit_line([r["batch"] for r in rows], [r["client_cpu_s"] for r in rows])[1])
+        if len({r.get("tokens", r["batch"]) / r["batch"] for r in rows}) > 1:  # one-token and 16-token calls
+            xs = [(r["batch"], r["tokens"]) for r in rows]
+            _, per_req, per_tok = fit_plane(xs, [r["frontend_cpu_s"] for r in rows])
+            src = ("measured: CPU of the generation server's front end process per /generate_batch call, least "
+                   "squares over [1, requests, tokens] (B = 1..256 one-token requests, 64 and 256 of 16 tokens)")
+            _clip(c, n, "frontend_s", per_req, f"{src}, per request")
+            _clip(c, n, "frontend_token_s", per_tok, f"{src}, per decoded token")
+            _, client_req, client_tok = fit_plane(xs, [r["client_cpu_s"] for r in rows])
+            client_s += max(0.0, client_req)
+            _clip(c, n, "env_token_s", client_tok, "measured: GenerationClient's CPU per decoded token (the same "
+                  "calls' least squares, the environment's side)")
+        else:
+            _, per_req = fit_line([r["batch"] for r in rows], [r["frontend_cpu_s"] for r in rows])
+            _clip(c, n, "frontend_s", per_req, "measured: CPU of the generation server's front end process per "
+                  "request (slope over /generate_batch calls of B = 1..256 one-token requests)")
+            client_s += max(0.0, fit_line([r["batch"] for r in rows], [r["client_cpu_s"] for r in rows])[1])
         c["shared_cpu"] = 1.0
         n["shared_cpu"] = ("assumed: on the 2-core machine the trainer holds one core; the engine and the control "
                            "plane share the other")
@@ -153,6 +178,10 @@ def constants_from(raw: dict[str, Any], prompt_tokens: int, sync_bandwidth: floa
         _clip(c, n, "score_s", per_item, f"{src} (slope: per item)")
         if "client_cpu_s" in reward[0]:
             client_s += max(0.0, fit_line([r["items"] for r in reward], [r["client_cpu_s"] for r in reward])[1])
+        if "server_cpu_s" in reward[0]:
+            per_call = fit_line([r["items"] for r in reward], [r["client_cpu_s"] + r["server_cpu_s"] for r in reward])[0]
+            _clip(c, n, "score_call_cpu_s", per_call, "measured: RewardClient's plus the reward server's CPU per "
+                  "/score_batch call (intercept over N = 1/32/256 items)")
     if raw.get("env"):
         c["env_s"] = raw["env"]["cpu_s_per_sample"] + client_s
         n["env_s"] = (f"measured: CPU per sample of the environment's own work (scheduler, request task, decode, "

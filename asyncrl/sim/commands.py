@@ -139,7 +139,7 @@ def run_simulate(args: argparse.Namespace) -> dict[str, Any]:
     requests = cfg.scheduler.prompts_per_step * (cfg.scheduler.group_size + cfg.scheduler.extra_samples)
     tokens = result.extra.get("tokens_per_step", 0.0)
     budget = step_budget(cost, requests, result.servers, result.extra.get("objects_per_step", 0.0), tokens,
-                         cfg.checkpoint_every)
+                         cfg.checkpoint_every, decoded=result.tokens_per_s * result.mean_step_s)
     print(f"control-plane overheads at {requests} requests per step (seconds per step): "
           + ", ".join(f"{k} {v:.3f}" for k, v in budget.items()))
     doc = {"config": cfg.flat(),

@@ -15,11 +15,15 @@ Compute:
   trains.
 Control plane (all 0 by default: none; see `asyncrl.sim.overheads` for how the simulator applies them):
 - per request: `env_s` of the environment writer's CPU (one FIFO queue per writer) and `frontend_s` of the HTTP
-  client and the generation server's front end (one FIFO queue per server) before the request reaches the engine;
+  client and the generation server's front end (one FIFO queue per server) before the request reaches the engine,
+  plus, per token the request will decode, `env_token_s` (the environment's client reading the streamed answer) and
+  `frontend_token_s` (the front end turning each engine step's output into the answer: ids, log-probs, versions),
+  which on cores of its own overlaps the decode (only `step_budget` reports it);
   where the control plane shares the machine's cores with the engine (`shared_cpu` = 1, a CPU machine: the trainer
   holds one core, the engine and the control plane share the other), that CPU is instead spent on the engine's
   time, like `request_s` (a fraction `shared_cpu` of it; the rest queues); `http_call_s` from the engine's answer
-  to the environment; the reward: `score_call_s + score_s · n` for a call scoring n;
+  to the environment; the reward: `score_call_s + score_s · n` for a call scoring n, and `score_call_cpu_s` of
+  CPU per call (its client and the reward server; spent on the engine's time where `shared_cpu` > 0);
 - per group object: the writer's `group_put_s + group_put_token_s · tokens` (one PUT at a time), the trainer's
   prefetch polls (`poll_backoff_s` doubling to `poll_backoff_cap_s` while nothing is new; `s3_get_s` per empty poll)
   and its read `group_get_s + group_get_token_s · tokens` (tokens: prompt + response of every sample);
@@ -66,10 +70,13 @@ class CostModel:
     corun_decode_factor: float = 1.0
     env_s: float = 0.0
     frontend_s: float = 0.0
+    env_token_s: float = 0.0  # per decoded token, on the environment's queue (see env_s)
+    frontend_token_s: float = 0.0  # per decoded token, on the server front end's queue (see frontend_s)
     shared_cpu: float = 0.0  # 0..1: the share of env_s + frontend_s spent on the engine's time (shared cores)
     http_call_s: float = 0.0
     score_call_s: float = 0.0
     score_s: float = 0.0
+    score_call_cpu_s: float = 0.0  # CPU per reward call, its client's and the reward server's
     group_put_s: float = 0.0
     group_put_token_s: float = 0.0
     group_get_s: float = 0.0
@@ -102,6 +109,10 @@ class CostModel:
     def train_time(self, tokens: float, train_gpus: int) -> float:
         return self.epochs * (self.train_fixed_s + self.train_per_token * tokens / max(1, train_gpus))
 
+    def request_cpu(self, tokens: int) -> tuple[float, float]:
+        """(environment, front end) CPU seconds of one request that decodes `tokens` tokens."""
+        return self.env_s + self.env_token_s * tokens, self.frontend_s + self.frontend_token_s * tokens
+
     def without_control_plane(self) -> CostModel:
         """The same compute (CPU sharing included) with no control-plane overhead: the overheads' baseline."""
         return replace(self, **dict.fromkeys(CONTROL_PLANE_FIELDS, 0.0))
@@ -128,8 +139,8 @@ class CostModel:
 
 
 # The control-plane constants: zeroed by `without_control_plane` (compute, CPU sharing and the weight sync stay).
-CONTROL_PLANE_FIELDS = ("env_s", "frontend_s", "http_call_s", "score_call_s", "score_s", "group_put_s",
-                        "group_put_token_s", "group_get_s", "group_get_token_s", "s3_get_s", "poll_backoff_s",
+CONTROL_PLANE_FIELDS = ("env_s", "frontend_s", "env_token_s", "frontend_token_s", "http_call_s", "score_call_s",
+                        "score_s", "score_call_cpu_s", "group_put_s", "group_put_token_s", "group_get_s", "group_get_token_s", "s3_get_s", "poll_backoff_s",
                         "poll_backoff_cap_s", "version_poll_s", "publish_s", "log_s", "checkpoint_s")
 
 # Constants of the code itself, not of a machine (tests/unit/test_sim_overheads.py checks them against the code):
@@ -158,6 +169,7 @@ _GPU_7B = CostModel(
     request_s=2e-4,          # assumed: vLLM's per-request scheduling and output handling on a GPU host
     train_fixed_s=0.2,       # assumed: the optimizer step over 7.6e9 parameters (memory-bound) and batch building
     env_s=1.4e-4, frontend_s=4e-4, http_call_s=0.044, score_call_s=0.05, score_s=5.5e-5,  # assumed: CPU-measured
+    env_token_s=4e-7, frontend_token_s=1.8e-5, score_call_cpu_s=0.0063,
     group_put_s=0.01, group_put_token_s=3e-7, group_get_s=0.0075, group_get_token_s=2e-7, s3_get_s=0.003,
     publish_s=0.06, log_s=0.03,  # assumed: the CPU machine's measurements of the same code
     checkpoint_s=60.0,       # assumed: 7.6e9 × (2 + 12) bytes of weights and fp32 Adam state at ~2 GB/s to S3

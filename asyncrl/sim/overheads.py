@@ -86,14 +86,15 @@ def padded_tokens(lengths: Sequence[int], micro_batch_size: int) -> int:
 
 
 def step_budget(cost: CostModel, requests: int, servers: int, objects: float, tokens: float,
-                checkpoint_every: int) -> dict[str, float]:
-    """Seconds per training step each overhead term costs, for `requests` requests and `objects` group objects of
-    `tokens` tokens in all per step, on `servers` servers: serial work per resource (the environment writer's loop,
-    each server's front end and engine), the latency a sample's path adds, and the trainer's own per-step work."""
+                checkpoint_every: int, decoded: float = 0.0) -> dict[str, float]:
+    """Seconds per training step each overhead term costs, for `requests` requests decoding `decoded` tokens in all
+    and `objects` group objects of `tokens` tokens in all per step, on `servers` servers: serial work per resource
+    (the environment writer's loop, each server's front end and engine), the latency a sample's path adds, and the
+    trainer's own per-step work."""
     per_server = requests / max(1, servers)
     return {
-        "environment_cpu_s": requests * cost.env_s,
-        "frontend_cpu_s_per_server": per_server * cost.frontend_s,
+        "environment_cpu_s": requests * cost.env_s + decoded * cost.env_token_s,
+        "frontend_cpu_s_per_server": per_server * cost.frontend_s + decoded / max(1, servers) * cost.frontend_token_s,
         "engine_request_s_per_server": per_server * cost.request_s,
         "sample_latency_s": cost.http_call_s + cost.score_call_s,
         "group_writes_s": objects * cost.group_put_s + tokens * cost.group_put_token_s,

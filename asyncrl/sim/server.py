@@ -7,7 +7,8 @@ approximation of whole steps) takes `f·(x·(a + b·B + c·C0) + c·B·x²/2)`; 
 per-token loop: an event costs O(log B) plus the requests it touches.
 
 A joining request first stalls the server for its prefill, the engine's own per-request work and the control-plane
-CPU it shares the cores with (`prefill_per_token · context + request_s + cpu_s`); a weight-sync pause
+CPU it shares the cores with (`prefill_per_token · context + request_s + cpu_s`); `charge` stalls it the same way
+for a control-plane call's CPU (a reward call for the requests one completion returned); a weight-sync pause
 stops decoding until `paused_until` (running requests then continue: partial rollout).
 
 Invariants: `steps` never decreases; a running request has generated `steps − join_step` tokens (fluid) and
@@ -119,6 +120,14 @@ class SimServer:
             self.ctx += r.context
             self.stall += self.factor * (self.cost.prefill_per_token * r.context + self.cost.request_s + r.cpu_s)
             heapq.heappush(self._heap, (r.finish_step, rid))
+
+    def charge(self, t: float, cpu_s: float) -> None:
+        """Spend `cpu_s` seconds of the shared cores (a control-plane call) on this server's time from t on; an idle
+        server loses nothing (the cores were free)."""
+        self.advance(t)
+        if self.running:
+            self.stall += self.factor * cpu_s
+            self.epoch += 1
 
     def submit(self, t: float, rid: str, context: int, new_tokens: int, cpu_s: float = 0.0) -> None:
         self.advance(t)

@@ -2,7 +2,8 @@
 
 The loop: offer prompts while `can_admit()`; a `Start` passes the environment writer's CPU and its server's front
 end (`FifoStage`s, `env_s` and `frontend_s` per request; on shared cores, `shared_cpu`, that CPU is spent on the
-server's time instead) and becomes a request on a `SimServer` (continuous batching, advanced analytically); a completion reaches the environment `http_call_s` later → `request_finished` →
+server's time instead, with `env_token_s` and `frontend_token_s` per token it will decode: `CostModel.request_cpu`;
+on a control plane with its own cores the per-token work overlaps the decode and only `step_budget` reports it) and becomes a request on a `SimServer` (continuous batching, advanced analytically); a completion reaches the environment `http_call_s` later → `request_finished` →
 (agentic: environment latency → `env_stepped`) → reward (`score_latency` plus the workload's reward latency) →
 `sample_scored`; an `Abort` takes the request off its server (with `resubmit`, its partial tokens come back through
 `request_finished(..., aborted=True)`); an `EmitGroup` goes to the trainer (`asyncrl.sim.trainer`: through S3 when
@@ -133,6 +134,8 @@ class Simulator:
             if ev[2] != s.epoch:
                 return  # stale completion estimate
             done = s.complete(self.now)
+            if done and not self.wl.agentic and self.cost.shared_cpu * self.cost.score_call_cpu_s > 0:
+                s.charge(self.now, self.cost.shared_cpu * self.cost.score_call_cpu_s)  # their one reward call
             self._reschedule(s)
             for rid, new in done:
                 self._finished(rid, new, len(done))
@@ -225,7 +228,8 @@ class Simulator:
         c = self.cost
         self._queued[d.request_id] = key
         queued = 1.0 - c.shared_cpu
-        if queued > 0 and (c.env_s > 0 or c.frontend_s > 0):  # the control plane's queues first
+        # the control plane's queues first: a request's own work (its per-token work overlaps its decode there)
+        if queued > 0 and (c.env_s > 0 or c.frontend_s > 0):
             t = self.env_stage.enter(self.now, queued * c.env_s)
             t = self.frontends[d.server].enter(t, queued * c.frontend_s)
             self.push(t, ("submit", d.request_id, d.server))
@@ -242,8 +246,8 @@ class Simulator:
             self.push(self.now, ("lost", key))
             return
         self._rid[rid] = key
-        server.submit(self.now, rid, st.tokens, max(1, st.remaining), self.cost.shared_cpu * (self.cost.env_s
-                                                                                             + self.cost.frontend_s))
+        tokens = max(1, st.remaining)
+        server.submit(self.now, rid, st.tokens, tokens, self.cost.shared_cpu * sum(self.cost.request_cpu(tokens)))
         self._reschedule(server)
 
     def _abort(self, d: Abort) -> list[Decision]:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from asyncrl.sim.calibration import constants_from, fit_decode, fit_line, ratio
+from asyncrl.sim.calibration import constants_from, fit_decode, fit_line, fit_plane, ratio
 
 
 def test_fit_line_and_ratio():
@@ -62,3 +62,27 @@ def test_constants_from_clips_a_negative_fit_and_says_so():
     c, notes, _ = constants_from(raw, 6)
     assert c["train_per_token"] == 0.0 and "clipped to 0" in notes["train_per_token"]
     assert constants_from({}, 6) == ({}, {}, {})
+
+
+def test_fit_plane_recovers_exact_coefficients():
+    xs = [(1, 1), (16, 16), (256, 256), (64, 1024), (256, 4096)]
+    c0, c1, c2 = fit_plane(xs, [0.002 + 1e-4 * b + 2e-5 * t for b, t in xs])
+    assert (c0, c1, c2) == pytest.approx((0.002, 1e-4, 2e-5), abs=1e-12)
+
+
+def test_constants_from_token_rows_and_reward_cpu():
+    """Front end and client CPU per /generate_batch call = 0.002 + 1e-4·B + 2e-5·T (front end) and
+    0.001 + 5e-5·B + 1e-6·T (client); reward CPU per call: client 0.003 + 1e-5·N, server 0.002 + 0·N."""
+    calls = [(1, 1), (16, 16), (256, 256), (64, 1024), (256, 4096)]
+    raw = {"server": {"generate_batch": [
+        {"batch": b, "tokens": t, "frontend_cpu_s": 0.002 + 1e-4 * b + 2e-5 * t,
+         "client_cpu_s": 0.001 + 5e-5 * b + 1e-6 * t} for b, t in calls]},
+        "reward": {"score_batch": [{"items": n, "wall_s": 0.05 + 1e-4 * n, "client_cpu_s": 0.003 + 1e-5 * n,
+                                    "server_cpu_s": 0.002} for n in (1, 32, 256)]},
+        "env": {"cpu_s_per_sample": 4e-5}}
+    c, notes, _ = constants_from(raw, 6)
+    assert c["frontend_s"] == pytest.approx(1e-4) and c["frontend_token_s"] == pytest.approx(2e-5)
+    assert c["env_token_s"] == pytest.approx(1e-6)
+    assert c["env_s"] == pytest.approx(4e-5 + 5e-5 + 1e-5)  # own work + client per request + per reward item
+    assert c["score_call_cpu_s"] == pytest.approx(0.005)
+    assert "per decoded token" in notes["frontend_token_s"] and "per /score_batch call" in notes["score_call_cpu_s"]

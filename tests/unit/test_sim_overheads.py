@@ -141,3 +141,22 @@ def test_cpu_sharing_by_hand():
     assert r.staleness_hist == {0: 1, 1: 1}
     bare = simulate(cfg, _cost(max_seqs=1), WL)  # no sharing: B decodes 1.4 steps while A trains 1.0-1.14, the
     assert bare.sim_time_s == pytest.approx(1.34 + 0.86 + 0.14 + 0.2, abs=1e-9)  # rest after the sync
+
+
+def test_per_token_and_reward_call_cpu_on_shared_cores_by_hand():
+    """Sync, 1 server (max_seqs 1), W = 1 prompt of 2 samples (4 + 10 tokens), step a = 0.1 s, shared cores:
+    each request costs (0.001 + 0.0005)·10 = 0.015 s of the engine's time when it joins. A joins at 0, finishes at
+    1.015; B joins then (0.015) and A's reward call (0.05) stalls B too: B finishes at 1.015 + 0.065 + 1.0 = 2.08;
+    B's reward call finds the server idle and costs it nothing. Training 0.01 × 28 = 0.28, sync 0.2 → 2.56."""
+    wl = Workload(response_tokens=Dist("fixed", 10, lo=1, hi=10), prompt_tokens=Dist("fixed", 4))
+    cfg = SimConfig.of(gpus=1, mode="sync", prompts_per_step=1, group_size=2, steps=1, warmup_steps=0, check_every=1)
+    cost = _cost(max_seqs=1, shared_cpu=1.0, frontend_token_s=0.001, env_token_s=0.0005, score_call_cpu_s=0.05)
+    sim = Simulator(cfg, cost, wl)
+    sim.run()
+    assert sim.trainer.step_ends == pytest.approx([2.56], abs=1e-9)
+    assert cost.request_cpu(10) == pytest.approx((0.005, 0.01))
+    queued = Simulator(cfg, cost.with_overrides(shared_cpu=0.0), wl)  # own cores: the decode is not slowed
+    queued.run()
+    assert queued.trainer.step_ends == pytest.approx([2.48], abs=1e-9)
+    b = step_budget(cost, requests=2, servers=1, objects=1.0, tokens=28, checkpoint_every=0, decoded=20)
+    assert (b["environment_cpu_s"], b["frontend_cpu_s_per_server"]) == pytest.approx((0.01, 0.02))
