@@ -7,7 +7,7 @@ Each part is timed alone, never inside a run of the job the simulator then predi
   (`read_role_metrics`, a stats GET), the `latest.json` PUT, an MLflow `log_metrics` of ~100 metrics into a sqlite
   store, and a checkpoint (`save_checkpoint` of the tiny model and an Adam-sized optimizer state);
 - `measure_reward`: the reward role's app (uvicorn, its own process) and `RewardClient`: one `/score_batch` of N
-  items, N = 1, 32, 256;
+  items, N = 1, 32, 256 (its wall, and the client's and the reward server's CPU per call);
 - `measure_env_cpu`: the environment role's per-sample work without I/O: the real `RolloutScheduler` (admit, finish,
   score, emit), an asyncio task per request, `decode_response`, `Sample` built and validated.
 Latencies are the median of repeats (the machine is shared); CPU figures are `time.process_time` of this process

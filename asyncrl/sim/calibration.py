@@ -15,8 +15,9 @@ calls `constants_from(raw, prompt_tokens)`; this module owns how each constant i
   end's CPU per `/generate_batch` call over [1, B, T] (B requests decoding T tokens in all: B = 1..256 of one token,
   and 64 and 256 of 16), and likewise of the `GenerationClient`'s CPU for the environment (`env_token_s`; its
   per-request part goes into `env_s`); without the 16-token rows (an older file), `frontend_s` is the slope over B
-  (`shared_cpu` = 1: on this machine the control plane's CPU shares the engine's core); weight sync: `sync_latency` = median push − model_bytes /
-  sync_bandwidth (the fastest push after the first: the least disturbed);
+  (`shared_cpu` = 1: on this machine the control plane's CPU shares the engine's core); weight sync:
+  `sync_latency` = median push − model_bytes / sync_bandwidth (the fastest push after the first: the least
+  disturbed);
 - S3 (`raw["s3"]`): group object PUT and GET+decode walls over the tokens per object: intercepts `group_put_s`,
   `group_get_s`, slopes `group_put_token_s`, `group_get_token_s`; a missing key's GET `s3_get_s`; the trainer's
   `publish_s` (metrics reads + latest.json PUT), `log_s` (MLflow), `checkpoint_s`;
