@@ -218,6 +218,8 @@ def _decisions_worker(rank: int, store_file: str, out_dir: str) -> None:
         cmd, got = decisions.share(None, None, wait_s=20)
         res["third"] = [cmd.command, cmd.step, cmd.info]
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(res))
+    dist.barrier()  # neither rank leaves while the other still uses the groups, then both take them down
+    dist.destroy_process_group()
 
 
 @pytest.mark.timeout(120)
