@@ -19,8 +19,8 @@ Control plane (`benchmarks/calibrate_overheads.py` holds the parts without an en
   connection (`http_call_s`: one HTTP call's latency); one `/generate_batch` of B requests with max_tokens = 1
   through `GenerationClient`, B = 1..256, and of B = 64 and 256 requests of 16 tokens (`ignore_eos`): the CPU of the
   client and of the server's front end (its process, not the engine's) per request and per decoded token
-  (`frontend_s`, `frontend_token_s`, `env_token_s`: a least-squares plane over requests and tokens); the weight sync: `WeightSender.push` of the model to it
-  plus the checksum (`sync_latency`);
+  (`frontend_s`, `frontend_token_s`, `env_token_s`: a least-squares plane over requests and tokens); the weight
+  sync: `WeightSender.push` of the model to it plus the checksum (`sync_latency`);
 - S3, the reward role, the environment's own per-sample work, the trainer's per-step bookkeeping: see there.
 
 Writes `benchmarks/results/cost_model_cpu.json` (constants, a note per constant, the raw measurements, and what the

@@ -23,8 +23,8 @@ calls `constants_from(raw, prompt_tokens)`; this module owns how each constant i
   `publish_s` (metrics reads + latest.json PUT), `log_s` (MLflow), `checkpoint_s`;
 - reward (`raw["reward"]["score_batch"]`, rows items N, wall): intercept `score_call_s`, slope `score_s`; the
   intercept of the client's plus the reward server's CPU per call over N: `score_call_cpu_s`;
-- environment (`raw["env"]`): `env_s` = its own CPU seconds per sample plus its clients' CPU per request (the
-  slope of `GenerationClient`'s CPU over B) and per reward item (`RewardClient`'s).
+- environment (`raw["env"]`): `env_s` = its own CPU seconds per sample plus its clients' CPU per request
+  (`GenerationClient`'s per-request coefficient, above) and per reward item (`RewardClient`'s slope over N).
 A negative fitted coefficient is clipped to 0 and its note says so.
 """
 
@@ -180,7 +180,8 @@ def constants_from(raw: dict[str, Any], prompt_tokens: int, sync_bandwidth: floa
         if "client_cpu_s" in reward[0]:
             client_s += max(0.0, fit_line([r["items"] for r in reward], [r["client_cpu_s"] for r in reward])[1])
         if "server_cpu_s" in reward[0]:
-            per_call = fit_line([r["items"] for r in reward], [r["client_cpu_s"] + r["server_cpu_s"] for r in reward])[0]
+            cpu = [r["client_cpu_s"] + r["server_cpu_s"] for r in reward]
+            per_call, _ = fit_line([r["items"] for r in reward], cpu)
             _clip(c, n, "score_call_cpu_s", per_call, "measured: RewardClient's plus the reward server's CPU per "
                   "/score_batch call (intercept over N = 1/32/256 items)")
     if raw.get("env"):

@@ -72,7 +72,7 @@ class CostModel:
     frontend_s: float = 0.0
     env_token_s: float = 0.0  # per decoded token, on the environment's queue (see env_s)
     frontend_token_s: float = 0.0  # per decoded token, on the server front end's queue (see frontend_s)
-    shared_cpu: float = 0.0  # 0..1: the share of env_s + frontend_s spent on the engine's time (shared cores)
+    shared_cpu: float = 0.0  # 0..1: the share of the control plane's CPU spent on the engine's time (shared cores)
     http_call_s: float = 0.0
     score_call_s: float = 0.0
     score_s: float = 0.0
@@ -140,8 +140,9 @@ class CostModel:
 
 # The control-plane constants: zeroed by `without_control_plane` (compute, CPU sharing and the weight sync stay).
 CONTROL_PLANE_FIELDS = ("env_s", "frontend_s", "env_token_s", "frontend_token_s", "http_call_s", "score_call_s",
-                        "score_s", "score_call_cpu_s", "group_put_s", "group_put_token_s", "group_get_s", "group_get_token_s", "s3_get_s", "poll_backoff_s",
-                        "poll_backoff_cap_s", "version_poll_s", "publish_s", "log_s", "checkpoint_s")
+                        "score_s", "score_call_cpu_s", "group_put_s", "group_put_token_s", "group_get_s",
+                        "group_get_token_s", "s3_get_s", "poll_backoff_s", "poll_backoff_cap_s", "version_poll_s",
+                        "publish_s", "log_s", "checkpoint_s")
 
 # Constants of the code itself, not of a machine (tests/unit/test_sim_overheads.py checks them against the code):
 # the environment writer reads versions/latest.json every POLL_S = 0.1 s (the environment role); the trainer's
@@ -169,7 +170,7 @@ _GPU_7B = CostModel(
     request_s=2e-4,          # assumed: vLLM's per-request scheduling and output handling on a GPU host
     train_fixed_s=0.2,       # assumed: the optimizer step over 7.6e9 parameters (memory-bound) and batch building
     env_s=1.4e-4, frontend_s=4e-4, http_call_s=0.044, score_call_s=0.05, score_s=5.5e-5,  # assumed: CPU-measured
-    env_token_s=4e-7, frontend_token_s=1.8e-5, score_call_cpu_s=0.0063,
+    env_token_s=1.4e-6, frontend_token_s=2.2e-5, score_call_cpu_s=0.005,  # assumed: CPU-measured (2026-12-04)
     group_put_s=0.01, group_put_token_s=3e-7, group_get_s=0.0075, group_get_token_s=2e-7, s3_get_s=0.003,
     publish_s=0.06, log_s=0.03,  # assumed: the CPU machine's measurements of the same code
     checkpoint_s=60.0,       # assumed: 7.6e9 × (2 + 12) bytes of weights and fp32 Adam state at ~2 GB/s to S3
