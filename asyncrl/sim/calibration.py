@@ -62,22 +62,24 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float]:
     return [m[i][n] / m[i][i] for i in range(n)]
 
 
+def _least_squares(x: list[list[float]], y: list[float]) -> list[float]:
+    """The coefficients minimising the squared error of `x · coefficients` against y (the normal equations)."""
+    k = len(x[0])
+    xtx = [[sum(xi[i] * xi[j] for xi in x) for j in range(k)] for i in range(k)]
+    xty = [sum(xi[i] * yi for xi, yi in zip(x, y, strict=True)) for i in range(k)]
+    return _solve(xtx, xty)
+
+
 def fit_decode(rows: list[dict[str, float]], prompt_tokens: float) -> tuple[float, float, float, float]:
     """(decode_a, decode_b, decode_c, request_s): least squares of step_s over [1, B, B·(P + L/2), B/L]."""
     x = [[1.0, r["batch"], r["batch"] * (prompt_tokens + r["length"] / 2), r["batch"] / r["length"]] for r in rows]
-    y = [r["step_s"] for r in rows]
-    xtx = [[sum(xi[i] * xi[j] for xi in x) for j in range(4)] for i in range(4)]
-    xty = [sum(xi[i] * yi for xi, yi in zip(x, y, strict=True)) for i in range(4)]
-    a, b, c, r = _solve(xtx, xty)
+    a, b, c, r = _least_squares(x, [r["step_s"] for r in rows])
     return a, b, c, r
 
 
 def fit_plane(xs: list[tuple[float, float]], ys: list[float]) -> tuple[float, float, float]:
     """(c0, c1, c2) of the least-squares plane y = c0 + c1·x1 + c2·x2 through the points ((x1, x2), y)."""
-    x = [[1.0, a, b] for a, b in xs]
-    xtx = [[sum(xi[i] * xi[j] for xi in x) for j in range(3)] for i in range(3)]
-    xty = [sum(xi[i] * yi for xi, yi in zip(x, ys, strict=True)) for i in range(3)]
-    c0, c1, c2 = _solve(xtx, xty)
+    c0, c1, c2 = _least_squares([[1.0, a, b] for a, b in xs], ys)
     return c0, c1, c2
 
 

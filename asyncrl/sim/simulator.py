@@ -6,7 +6,8 @@ server's time instead, with `env_token_s` and `frontend_token_s` per token it wi
 on a control plane with its own cores the per-token work overlaps the decode and only `step_budget` reports it) and
 becomes a request on a `SimServer` (continuous batching, advanced analytically); a completion reaches the
 environment `http_call_s` later (on shared cores its reward call's `score_call_cpu_s` is spent on the server's time)
-→ `request_finished` → (agentic: environment latency → `env_stepped`) → reward (`score_latency` plus the workload's reward latency) →
+→ `request_finished` → (agentic: environment latency → `env_stepped`) → reward (`score_latency` plus the workload's
+reward latency) →
 `sample_scored`; an `Abort` takes the request off its server (with `resubmit`, its partial tokens come back through
 `request_finished(..., aborted=True)`); an `EmitGroup` goes to the trainer (`asyncrl.sim.trainer`: through S3 when
 the cost model has a data path, then the trainer's steps, weight syncs and bookkeeping, and `version_advanced` when
