@@ -8,7 +8,7 @@ How the simulator applies the `CostModel`'s control-plane constants (see its doc
   (the simulator's "answer" event), and its reward `score_call_s + score_s·n` after that, n the samples one
   completion returned together (one reward call);
 - `object_seconds`: a group object's PUT or GET + decode: `fixed + per_token · tokens`;
-- `PollSchedule`: the trainer's prefetch thread: after a poll that found nothing, the next poll is
+- `PollSchedule`: the trainer's prefetch thread: after a poll (it ends on a miss), the next poll is
   `s3_get_s + wait` later, the wait `poll_backoff_s` doubling to `poll_backoff_cap_s`, reset when a poll finds an
   object;
 - `notice_time`: the writers read versions/latest.json on a `version_poll_s` grid: a version published at t is

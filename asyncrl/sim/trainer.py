@@ -140,7 +140,8 @@ class SimTrainer:
     def _read(self, groups: list[Emitted]) -> None:
         self._reading = False
         self.queue.extend(groups)
-        self._schedule_poll(self.sim.now)
+        # the poll that found objects ended on a miss: the next one comes after the backoff (at once without polling)
+        self._schedule_poll(None if self.cost.poll_backoff_s > 0 else self.sim.now)
         self.feed()
 
     # ---- one step -----------------------------------------------------------------------------------------------

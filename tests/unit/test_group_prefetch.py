@@ -231,7 +231,10 @@ def test_thread_backs_off_while_idle_resets_on_a_group_and_surfaces_its_error() 
     assert ids(p.take(4, timeout_s=30)) == [("env0", 0, "a0")]
     with pytest.raises(RuntimeError, match="boom"):
         p.take(4, timeout_s=30)
-    assert waits == [0.01, 0.02, 0.04, 0.05, 0.01, 0.02]
+    # four empty polls back off to the cap; the poll that found a0 ended on a miss too, so the thread waits the
+    # reset backoff before the next poll (it never polls again at once after a poll that found something)
+    assert waits == [0.01, 0.02, 0.04, 0.05, 0.01, 0.02, 0.04]
+    assert len(reader.max_groups_asked) == 8  # one poll per scripted answer, none repeated at once
     with pytest.raises(RuntimeError, match="boom"):  # and keeps raising it
         p.take(1)
     p.close()
