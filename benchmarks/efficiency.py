@@ -18,7 +18,10 @@ each part in its own process so that no two heavy processes overlap:
    first in this same run (written to the run's work folder; the stored file is left as it is). This machine's speed
    changes by 2x within a day, so a prediction from a calibration made at another time says more about the host
    than about the model: `--calibrate` compares real and simulated in one window (about 4 minutes more);
-6. the pipeline's own limit: max(generation, training + weight sync) per step, as samples/s.
+6. the pipeline's own limit: max(generation, training + weight sync) per step, as samples/s;
+7. the raw engine again (`raw_after`), after the end-to-end and TRL parts: the host's speed drifts by tens of
+   percent within minutes, so the end-to-end run is also compared with the mean of the raw engine measured before
+   and after it (`ratios.e2e_vs_raw_engine_bracket`, beside `e2e_vs_raw_engine` against the first alone).
 Prints a table with the ratios e2e / raw engine, e2e / TRL, e2e / own limit, real / simulated and writes JSON.
 Both jobs take roughly 15 minutes on 2 cores with the default flags (plus ~3 minutes to build the TRL venv once).
 The figures are only meaningful on a quiet machine: every part shares the same cores with anything else running.
@@ -50,7 +53,7 @@ from efficiency_parts.sim_part import simulate_job
 from efficiency_parts.trainer_idle import run_trainer_idle
 from efficiency_parts.trl_part import run_trl
 
-PARTS = ("raw", "train", "e2e", "idle", "trl", "sim")
+PARTS = ("raw", "train", "e2e", "idle", "trl", "raw_after", "sim")
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -78,6 +81,15 @@ def own_limit(samples: int, raw: dict | None, train: dict | None, e2e: dict | No
     out.update({"async_step_s": step, "samples_per_s": samples / step,
                 "sync_colocated_samples_per_s": samples / (gen + tr + (sync or 0.0))})
     return out
+
+
+def raw_bracket(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The raw engine measured before the end-to-end run and again after it (and after TRL): their mean, the figure
+    the end-to-end run is compared with when both exist, and the drift after / before. None without both."""
+    a, b = figure(before, "samples_per_s"), figure(after, "samples_per_s")
+    if a is None or b is None:
+        return None
+    return {"samples_per_s": (a + b) / 2, "before_samples_per_s": a, "after_samples_per_s": b, "after_vs_before": b / a}
 
 
 def calibrate(work: Path) -> dict[str, Any]:
@@ -138,6 +150,12 @@ def run_job(name: str, args: argparse.Namespace, work: Path, runs_dir: Path) -> 
         if trl.get("status") != "ok":
             log(f"{name}: TRL COULD NOT RUN: {trl.get('reason')}")
         _report(name, "TRL", trl, "samples_per_s")
+    raw_after = None
+    if "raw" not in args.skip and "raw_after" not in args.skip:
+        log(f"{name}: raw engine again, after the end-to-end and TRL parts (the host's speed drifts within minutes)")
+        raw_after = run_part("raw_engine", {"config": config, "overrides": overrides, "batches": args.raw_batches},
+                             job_work / "raw_after", timeout_s=1800)
+        _report(name, "raw engine after", raw_after, "samples_per_s", "tokens_per_s")
     if "sim" not in args.skip:
         sim = simulate_job(cfg, raw if raw and "error" not in raw else None, args.steps, args.calibration)
         _report(name, "simulator", sim, "samples_per_s")
@@ -147,10 +165,13 @@ def run_job(name: str, args: argparse.Namespace, work: Path, runs_dir: Path) -> 
         "trl": log_part_run(runs_dir, name, "trl", trl, {**job_params, **(trl or {}).get("versions", {})}),
     }
     limit = own_limit(samples, raw, train, e2e)
-    res.update({"raw_engine": raw, "train_step": train, "e2e": e2e, "trainer_idle": idle, "trl": trl, "sim": sim, "own_limit": limit})
+    res.update({"raw_engine": raw, "train_step": train, "e2e": e2e, "trainer_idle": idle, "trl": trl,
+                "raw_engine_after": raw_after, "raw_engine_bracket": raw_bracket(raw, raw_after), "sim": sim,
+                "own_limit": limit})
     e2e_sps = figure(e2e, "samples_per_s")
     res["ratios"] = {
         "e2e_vs_raw_engine": ratio(e2e_sps, figure(raw, "samples_per_s")),
+        "e2e_vs_raw_engine_bracket": ratio(e2e_sps, figure(res["raw_engine_bracket"], "samples_per_s")),
         "e2e_vs_trl": ratio(e2e_sps, figure(trl, "samples_per_s")),
         "e2e_vs_own_limit": ratio(e2e_sps, figure(limit, "samples_per_s")),
         "e2e_vs_cpu_bound_ceiling": ratio(e2e_sps, figure((e2e or {}).get("control_plane"),
@@ -198,6 +219,10 @@ def print_tables(jobs: dict[str, dict[str, Any]]) -> None:
         print(f"{'':<10}{'tokens/s':<11}{_f(figure(j['raw_engine'], 'tokens_per_s'), 11, 0)}"
               f"{_f(figure(m, 'generated_tokens_per_s'), 9, 0)}{_f(figure(j['trl'], 'tokens_per_s'), 9, 0)}"
               f"{'':>10}{_f(figure(j['sim'], 'tokens_per_s'), 10, 0)}{_f(r['e2e_generated_tokens_vs_raw_engine'], 9, 3)}")
+        br = j.get("raw_engine_bracket")
+        if br:
+            print(f"{'':<10}raw engine again after e2e and TRL: {br['after_samples_per_s']:.1f} samples/s (after / "
+                  f"before {br['after_vs_before']:.2f}); e2e / their mean {_f(r['e2e_vs_raw_engine_bracket'], 0, 3)}")
         if j["trl"] and j["trl"].get("status") == "unavailable":
             print(f"{'':<10}TRL could not run: {j['trl']['reason'][:200]}")
         if j["sim"] and "error" not in j["sim"]:
