@@ -64,8 +64,10 @@ class Counters:
         self.samples_dropped_stale = int(d.get("samples_dropped_stale", 0))
         self.staleness_sum = float(d.get("staleness_sum", 0.0))
         self.staleness_max = int(d.get("staleness_max", 0))
-        self.train_wall_s = float(d.get("train_wall_s", 0.0))
-        # steady state: every step but the first of a (re)start, whose wait includes filling the rollout pipeline
+        self.train_wall_s = float(d.get("train_wall_s", 0.0))  # the steps' wait + train + sync, summed
+        # steady state: every step but the first of a (re)start, whose wait includes filling the rollout pipeline;
+        # `steady_wall_s` is wall-clock time, each steady step's from the end of the step before (so the rank-0
+        # bookkeeping between steps counts: publishing latest.json, queueing metrics, checkpoints)
         self.steady_steps = int(d.get("steady_steps", 0))
         self.steady_samples = int(d.get("steady_samples", 0))
         self.steady_wall_s = float(d.get("steady_wall_s", 0.0))
@@ -113,6 +115,7 @@ class TrainingReport:
         self.checksum: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
         self.first_step = 0
+        self._last_step_end: float | None = None  # monotonic time of the last step's count (`step_metrics`)
         self.reporter: StepReporter | None = None
         self.eval_seen: set[int] = set()  # the evaluation points already handed to the reporter
         self._eval_lock = threading.Lock()  # the reporter's thread and `finish` both hand points on, each once
@@ -161,10 +164,12 @@ class TrainingReport:
         c.staleness_sum += stale["staleness_mean"] * n_samples
         c.staleness_max = max(c.staleness_max, int(stale["staleness_max"]))
         c.train_wall_s += step_s
-        if step > self.first_step:
+        now = time.monotonic()
+        if step > self.first_step and self._last_step_end is not None:
             c.steady_steps += 1
             c.steady_samples += n_samples
-            c.steady_wall_s += step_s
+            c.steady_wall_s += now - self._last_step_end
+        self._last_step_end = now
         for writer, n in r.taken.by_writer.items():
             c.trained_by_writer[writer] = c.trained_by_writer.get(writer, 0) + n
         rewards = [s.reward for g in kept for s in g.samples]

@@ -79,7 +79,9 @@ def training_summary(store: S3Store, paths: RunPaths, run_url: str, steps: int,
     """The run's summary from the trainer's last `versions/latest.json` (`latest`)."""
     counters = latest.get("counters", {})
     trained = int(counters.get("samples_trained", 0))
-    loop_s = float(counters.get("train_wall_s", 0.0))  # first step's wait to last step's sync, in the trainer
+    # the steps' wait + train + sync summed (the bookkeeping between steps left out); the steady figures below are
+    # wall-clock time from the end of the first step of each (re)start
+    loop_s = float(counters.get("train_wall_s", 0.0))
     return {
         "run_id": paths.run_id,
         "run_url": run_url,

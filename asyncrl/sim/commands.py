@@ -129,7 +129,7 @@ def run_simulate(args: argparse.Namespace) -> dict[str, Any]:
     result = simulate(cfg, cost, wl)
     row = result.to_dict()
     print(format_table([row]))
-    print(f"as the trainer measures it (steady_samples_per_s): {result.trainer_samples_per_s:.1f} samples/s, "
+    print(f"over the steps' own time (time/step_s): {result.trainer_samples_per_s:.1f} samples/s, "
           f"wait/train/sync {result.wait_s:.2f}/{result.train_s:.2f}/{result.sync_s:.2f} s per step")
     print(f"§6: mu_gen={result.mu_gen_s:.3f}s L_gen={result.l_gen_s:.2f}s mu_train={result.mu_train_s:.3f}s "
           f"(worker-seconds per sample); bound {result.bound_step_s:.2f}s/step, simulated {result.mean_step_s:.2f}s "

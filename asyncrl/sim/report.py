@@ -6,10 +6,10 @@ GPUs of the job in workers, training ones included, as in the β split of §6):
 - μ_train = training worker-seconds per trained sample and epoch;
 - L_gen = the longest sample generation latency (first request → scored) in the window;
 - bound = `(N/K)(μ_gen + E·μ_train) + L_gen/(α+1)`; `bound_share` = simulated mean step time / bound.
-Throughput two ways: `samples_per_s` over the window's wall time (every second counts), and
-`trainer_samples_per_s` as the trainer measures it (`steady_samples_per_s` of a real run): samples over the sum of
-the steps' wait + train + sync, its bookkeeping between steps (publish, MLflow, checkpoints) left out; with the
-mean `wait_s`, `train_s`, `sync_s` per step (`time/wait_s`, ...). `failed_requests`: requests lost at a failed
+Throughput two ways: `samples_per_s` over the window's wall time (every second counts: what a real run's
+`steady_samples_per_s` measures), and `trainer_samples_per_s` over the sum of the steps' wait + train + sync (a real
+run's `time/step_s`), its bookkeeping between steps (publish, MLflow, checkpoints) left out; with the mean
+`wait_s`, `train_s`, `sync_s` per step (`time/wait_s`, ...). `failed_requests`: requests lost at a failed
 server (re-sent elsewhere, `RolloutScheduler.request_lost`).
 """
 
