@@ -283,8 +283,6 @@ class TrainingRunner:
         `done` marker at the end."""
         try:
             self.start()
-            if self.report is not None:
-                self.report.first_step = self.version
             step, wait_s = self.version, self.start_wait_s
             while (result := self.step(step, wait_s)) is not None:
                 if self.report is not None:

@@ -114,8 +114,9 @@ class TrainingReport:
         self.counters = Counters()
         self.checksum: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
-        self.first_step = 0
-        self._last_step_end: float | None = None  # monotonic time of the last step's count (`step_metrics`)
+        # monotonic time of the last step counted in this process; None until the first step of this (re)start,
+        # which is never steady (its wait includes filling the rollout pipeline)
+        self._last_step_end: float | None = None
         self.reporter: StepReporter | None = None
         self.eval_seen: set[int] = set()  # the evaluation points already handed to the reporter
         self._eval_lock = threading.Lock()  # the reporter's thread and `finish` both hand points on, each once
@@ -165,7 +166,7 @@ class TrainingReport:
         c.staleness_max = max(c.staleness_max, int(stale["staleness_max"]))
         c.train_wall_s += step_s
         now = time.monotonic()
-        if step > self.first_step and self._last_step_end is not None:
+        if self._last_step_end is not None:  # not the first step of this (re)start
             c.steady_steps += 1
             c.steady_samples += n_samples
             c.steady_wall_s += now - self._last_step_end

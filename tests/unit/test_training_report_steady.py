@@ -43,8 +43,7 @@ def result(step: int, wait_s: float, train_s: float, sync_s: float) -> StepResul
 def test_steady_wall_time_runs_from_the_end_of_the_step_before(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter([100.0, 100.5, 101.25, 102.0])  # the step ends as step_metrics sees them
     monkeypatch.setattr(training_report, "time", SimpleNamespace(monotonic=lambda: next(clock), time=time.time))
-    r = report()
-    r.first_step = 3  # a (re)start at version 3: step 3 fills the pipeline and is not steady
+    r = report()  # a (re)start at version 3: its first step, 3, fills the pipeline and is not steady
     metrics = [r.step_metrics(result(step, 0.1, 0.2, 0.05)) for step in (3, 4, 5, 6)]
     c = r.counters
     assert c.steady_steps == 3 and c.steady_samples == 24
