@@ -71,6 +71,7 @@ from asyncrl.storage.group_prefetch import GroupPrefetcher
 from asyncrl.tracking.mlflow_tracker import Tracker
 from asyncrl.training.batch import TrainBatch, build_batch
 from asyncrl.training.distributed import Command, Decisions
+from asyncrl.training.heap import keep_freed_memory
 from asyncrl.training.learner import Learner
 from asyncrl.training.policy import Snapshot
 from asyncrl.training.process_group import launcher_world_size
@@ -316,6 +317,7 @@ def main(argv: list[str] | None = None) -> None:
     ctx = RoleContext.from_args("training", args)
     if ctx.cfg.training.cpu_threads:
         torch.set_num_threads(ctx.cfg.training.cpu_threads)
+    keep_freed_memory()  # a step's freed activations stay mapped for the next (asyncrl.training.heap)
     signals = StopSignal()
     signals.raise_in_main()  # SIGTERM/SIGINT: RoleStopped, once, wherever the main thread is
     # rank 0 alone beats the run's trainer heartbeat (the other roles exit when it says "failed" or "stopped", or goes

@@ -3,8 +3,9 @@
 The batch is built as the training role builds it (`build_batch` of the step's groups, norm_std and pad id of the
 run) from the raw-engine part's first timed batch (real prompts, responses, log-probs and rewards; with a length
 tail the loss mask to the first EOS, as the environment role sets it). Without that file: synthetic responses of the
-job's decode budgets. torch threads = `training.cpu_threads`, DeepSpeed config of the run (`Learner`). One warm-up
-step, then `repeats` timed steps; each timed figure is build_batch + train_step (what the run's `time/train_s` holds).
+job's decode budgets. torch threads = `training.cpu_threads`, the heap setting of `asyncrl.training.heap`, DeepSpeed
+config of the run (`Learner`). One warm-up step, then `repeats` timed steps; each timed figure is build_batch +
+train_step (what the run's `time/train_s` holds).
 """
 
 from __future__ import annotations
@@ -63,11 +64,13 @@ def main() -> None:
     from asyncrl.models.tokenizer import load_tokenizer
     from asyncrl.tiny_model.prepare import resolve_model_path
     from asyncrl.training.batch import build_batch
+    from asyncrl.training.heap import keep_freed_memory
     from asyncrl.training.learner import Learner
 
     cfg = load_config(spec["config"], spec["overrides"])
     if cfg.training.cpu_threads:  # as the training role's main()
         torch.set_num_threads(cfg.training.cpu_threads)
+    keep_freed_memory()
     model = resolve_model_path(cfg)
     tok = load_tokenizer(model)
     pad_id, eos = int(tok.pad_token_id), int(tok.eos_token_id)
