@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint unit build-model bench compare bench-efficiency bench-control-plane calibrate stability credit-overhead agentic agentic-bench faults images push-images pipeline-upload clean
+.PHONY: install run test lint unit build-model bench compare bench-efficiency bench-control-plane calibrate stability credit-overhead gpu-check agentic agentic-bench faults images push-images pipeline-upload clean
 
 install: $(STAMP)
 
@@ -72,6 +72,11 @@ stability: $(STAMP)
 
 credit-overhead: $(STAMP)
 	$(PY) benchmarks/attention_credit_overhead.py
+
+# On a GPU machine, with a python3 that has CUDA torch, DeepSpeed and pydantic (not .venv: its torch is the CPU build):
+# the trainer's and the weight sync's CUDA/NCCL paths (docs/gpu_check.md).
+gpu-check:
+	python3 scripts/gpu_check.py --device cuda --out gpu_check.json
 
 # The main agentic job: the tiny model on FrozenLake, multi-turn, held-out success before and after (~12 min).
 agentic: $(STAMP)
