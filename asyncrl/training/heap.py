@@ -18,7 +18,6 @@ A no-op where the C library is not glibc (musl, macOS): `keep_freed_memory()` re
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import platform
 
@@ -34,10 +33,7 @@ def keep_freed_memory() -> bool:
     """Set glibc's mmap and trim thresholds for this process (see the module docstring); True when they were set."""
     if platform.libc_ver()[0] != "glibc":
         return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    libc = ctypes.CDLL(name)
+    libc = ctypes.CDLL(None)  # this process's own symbols, glibc's among them (no `find_library` subprocess)
     ok = bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
         libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
     if not ok:
