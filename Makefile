@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint unit build-model bench compare bench-efficiency bench-control-plane calibrate stability credit-overhead gpu-check agentic agentic-bench faults images push-images pipeline-upload clean
+.PHONY: install run test lint unit build-model bench compare bench-efficiency bench-efficiency-rounds bench-control-plane calibrate stability credit-overhead gpu-check agentic agentic-bench faults images push-images pipeline-upload clean
 
 install: $(STAMP)
 
@@ -60,6 +60,11 @@ calibrate: $(STAMP)
 # trained sample; figures in benchmarks/results/efficiency.json.
 bench-efficiency: $(STAMP)
 	$(PY) benchmarks/efficiency.py --calibrate
+
+# The default job's e2e / raw engine in alternating rounds (raw, e2e, raw, ...): each e2e against the raws around it,
+# since the host's speed drifts within minutes (~11 min for 4 rounds).
+bench-efficiency-rounds: $(STAMP)
+	$(PY) benchmarks/efficiency_rounds.py
 
 # Control-plane CPU per trained sample at 256 and ~5,000 samples per step, stand-in generation and trainer (~4 min).
 bench-control-plane: $(STAMP)
