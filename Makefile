@@ -62,7 +62,7 @@ bench-efficiency: $(STAMP)
 	$(PY) benchmarks/efficiency.py --calibrate
 
 # The default job's e2e / raw engine in alternating rounds (raw, e2e, raw, ...): each e2e against the raws around it,
-# since the host's speed drifts within minutes (~11 min for 4 rounds).
+# since the host's speed drifts within minutes (~7 min for 4 rounds).
 bench-efficiency-rounds: $(STAMP)
 	$(PY) benchmarks/efficiency_rounds.py
 
