@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from efficiency import figure
 from efficiency_parts.common import JOBS, ROOT, log, run_part
 from efficiency_parts.e2e import run_e2e
 
@@ -58,13 +59,6 @@ def summarise(rounds: list[dict[str, float | None]], target: float = TARGET) -> 
     return out
 
 
-def _samples_per_s(part: dict[str, Any] | None) -> float | None:
-    if not part or "error" in part:
-        return None
-    value = part.get("samples_per_s")
-    return float(value) if isinstance(value, int | float) else None
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=4, help="end-to-end runs, each between two raw-engine runs")
@@ -90,16 +84,16 @@ def main() -> None:
         log(f"raw engine {i + 1} of {args.rounds + 1}")
         raws.append(run_part("raw_engine", {"config": config, "overrides": overrides, "batches": args.raw_batches},
                              work / f"raw{i}", timeout_s=1800))
-        log(f"raw engine {i + 1}: {_samples_per_s(raws[-1])} samples/s" + (f" ({raws[-1]['error']})"
+        log(f"raw engine {i + 1}: {figure(raws[-1], 'samples_per_s')} samples/s" + (f" ({raws[-1]['error']})"
                                                                            if "error" in raws[-1] else ""))
 
     raw(0)
     for i in range(args.rounds):
         run_id = f"effr-{time.strftime('%Y%m%d-%H%M%S')}-{i}"
         e2es.append(run_e2e(config, overrides, args.steps, runs_dir, run_id, samples))
-        log(f"end to end {i + 1}: {_samples_per_s(e2es[-1])} samples/s")
+        log(f"end to end {i + 1}: {figure(e2es[-1], 'samples_per_s')} samples/s")
         raw(i + 1)
-    rounds = round_ratios([_samples_per_s(r) for r in raws], [_samples_per_s(e) for e in e2es])
+    rounds = round_ratios([figure(r, "samples_per_s") for r in raws], [figure(e, "samples_per_s") for e in e2es])
     summary = summarise(rounds)
     print("\nround  raw before   e2e   raw after   e2e / raw before   e2e / mean of the two")
     for i, r in enumerate(rounds):
