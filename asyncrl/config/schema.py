@@ -331,6 +331,10 @@ class TrainingConfig(_Section):
     weight_bucket_mb: float = Field(16.0, gt=0, description="Weight broadcast bucket size.")
     cpu_threads: int = Field(1, ge=0, le=1024, description="torch CPU threads of the trainer (0: torch's default); "
                              "on a small machine the roles share the cores.")
+    matmul_dtype: Literal["float32", "bfloat16", "auto"] = Field(
+        "float32", description="dtype of the trainer's matrix products: bfloat16 runs them under torch.autocast "
+        "(weights, gradients, optimizer state, attention and log-softmax stay float32); auto: bfloat16 on a GPU with "
+        "bf16 or a CPU with AMX-BF16, else float32.")
     seed: int = 0
 
     @model_validator(mode="before")

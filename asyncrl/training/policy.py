@@ -46,6 +46,7 @@ from asyncrl.training.credit import AttentionCredit
 from asyncrl.training.deepspeed_config import deepspeed_config
 from asyncrl.training.distributed import ControlChannel, shard_micro_batches
 from asyncrl.training.losses import merge_metrics, policy_loss
+from asyncrl.training.mixed_precision import autocast_context, register_float32_sdpa, resolve_autocast
 from asyncrl.training.process_group import (
     forget_deepspeed_groups,
     init_default_group,
@@ -101,6 +102,11 @@ class PolicyTrainer:
         torch.manual_seed(cfg.seed)
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
         model.config.use_cache = False
+        self.autocast = resolve_autocast(cfg.matmul_dtype, self.device)
+        if self.autocast and cfg.attention_credit is None:
+            # bf16 matrix products, float32 attention (asyncrl.training.mixed_precision). Attention credit swaps in
+            # its own capturing SDPA for the step, which then attends in bf16: correct, slower on a CPU.
+            model.set_attn_implementation(register_float32_sdpa())
         self._ref = None
         if cfg.kl_coef > 0:
             self._ref = copy.deepcopy(model).eval().requires_grad_(False).to(self.device)
@@ -130,7 +136,8 @@ class PolicyTrainer:
 
     def _forward(self, mb: TrainBatch, temperature: float, need_entropy_grad: bool) -> tuple[Tensor, Tensor]:
         """Label-aligned token log-probs [S, T] (with grad when grad is enabled) and entropies [S, T]."""
-        out = self.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+        with autocast_context(self.autocast, self.device):
+            out = self.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
         logits = out.logits[:, :-1].float() / temperature
         logsm = torch.log_softmax(logits, dim=-1)
         logp = logsm.gather(-1, mb.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
@@ -143,7 +150,8 @@ class PolicyTrainer:
         if self._ref is None:
             return None
         with torch.no_grad():
-            logits = self._ref(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
+            with autocast_context(self.autocast, self.device):
+                logits = self._ref(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
             logsm = torch.log_softmax(logits.float() / temperature, dim=-1)
             return F.pad(logsm.gather(-1, mb.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1), (1, 0))
 
