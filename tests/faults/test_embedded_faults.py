@@ -12,7 +12,8 @@
    last committed checkpoint and joins the next epoch (the writer is held meanwhile, so the run does not end first);
 5. a hung collective: generation server 0 is stopped (SIGSTOP) so the next weight broadcast misses its deadline
    (`timeouts.collective_s` = 15 s); the trainer re-forms the group with server 1 alone and goes on; once server 0
-   runs again it answers its health check and joins the next epoch.
+   runs again it answers its health check and joins the next epoch. When the stop catches requests in flight on
+   server 0, the step waits until the writer re-sends them at their deadline (`rollout.request_timeout_s`).
 The trainer runs as two data-parallel ranks under torchrun with ZeRO-3 (the checkpoint it resumes from is gathered
 from both ranks and loaded into both). At the end every step trained exactly B groups, every group object written is accounted for (trained, dropped as
 stale, quarantined, or left unconsumed), the groups in flight at the crash are counted as lost, the servers hold
@@ -34,6 +35,7 @@ import mlflow
 import psutil
 import pytest
 
+from asyncrl.config import load_config
 from asyncrl.storage.groups import metadata_groups
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
@@ -45,6 +47,9 @@ STEPS, B, G, STALL_S = 16, 4, 4, 5.0  # steps, groups per step, samples per grou
 # STALL_S: the S3 calls made meanwhile wait (the client's read timeout is 30 s), and the roles' heartbeats ride it
 # out (`timeouts.peer_s`, 120 s): 5 s shows that as well as 10 s did.
 COLLECTIVE_S = 15.0
+# A request in flight on a stopped generation server is re-sent elsewhere only at its deadline
+# (`rollout.request_timeout_s`); a step whose groups wait for it pushes no weights before then.
+REQUEST_S = load_config(ROOT / "configs/smoke.yaml", []).rollout.request_timeout_s
 
 
 def _procs(*needles: str) -> list[psutil.Process]:
@@ -150,7 +155,8 @@ def _generation_faults(run: subprocess.Popen, paths: RunPaths, run_id: str) -> t
     t_stop = time.monotonic()
     for p in stopped:
         p.send_signal(signal.SIGSTOP)
-    t_alone = _until("a group without server 0", lambda: ids() == ["1"], run, timeout_s=4 * COLLECTIVE_S + 60)
+    t_alone = _until("a group without server 0", lambda: ids() == ["1"], run,
+                     timeout_s=REQUEST_S + 4 * COLLECTIVE_S + 60)
     t_cont = time.monotonic()
     for p in stopped:
         p.send_signal(signal.SIGCONT)
