@@ -380,7 +380,8 @@ class GenerationEngine:
           before its return. The token versions are attached in the engine core, so that order does not matter here.
         - `asyncrl_update_weights` in every worker: vLLM's own start → receive → finish session in one call;
         - the new version label, then resume.
-        The returned `phases` are the seconds each took (`worker0_*`: the first worker's own steps).
+        The returned `phases` are the seconds each took (`worker0_*`: the first worker's own steps; `worker0_fast_reload`
+        is 1.0 where its update took the fast CPU path, `asyncrl.generation.cpu_reload`).
         """
         if not self.weights_initialised:
             raise RuntimeError("weights: not initialised (POST /weights/init first)")

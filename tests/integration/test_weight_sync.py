@@ -109,6 +109,34 @@ def test_push_reaches_both_servers_exactly(
         assert max(abs(a - b) for a, b in zip(hf, out["logprobs"], strict=True)) < 1e-4
 
 
+def test_later_pushes_take_the_fast_cpu_reload_and_stay_exact(
+    servers: tuple[list[ServerProcess], Path], trainer_model: torch.nn.Module, sender: WeightSender
+) -> None:
+    """After the first (layerwise) update, a CPU server loads into the linear layers' kept weights and re-packs them
+    (`asyncrl.generation.cpu_reload`); two such updates in a row each give exactly the pushed model."""
+    urls = [s.url for s in servers[0]]
+    original = [(n, p.detach().clone()) for n, p in trainer_model.named_parameters()]
+    base = _health(urls[0])["version"]
+    sender.push(base + 1, _perturb(trainer_model, seed=11))  # layerwise where no push came before, else fast
+    for k in (2, 3):
+        named = _perturb(trainer_model, seed=10 + k)
+        replies = sender.push(base + k, named)
+        for i, url in enumerate(urls):
+            assert replies[url]["phases"]["worker0_fast_reload"] == 1.0, replies[url]
+            ck = httpx.get(f"{url}/weights/checksum").json()
+            assert ck["checksum"] == weights_checksum(named) and ck["workers"][0]["version"] == base + k
+            kept = [(n, t) for n, t in named if not re.search(r"_proj\.weight$", n)]
+            assert checksums_match(ck["workers"][0]["model"], weights_checksum(kept))
+            out = _generate(url, f"fast-{k}-{i}", max_tokens=40, seed=200 + k + i, ignore_eos=True)
+            assert out["token_versions"] == [base + k] * 40
+            hf = _hf_logprobs(trainer_model, PROMPT, out["token_ids"])
+            assert max(abs(a - b) for a, b in zip(hf, out["logprobs"], strict=True)) < 1e-4
+    with torch.no_grad():  # leave the trainer model and both servers on the original weights
+        for (_, p), (_, o) in zip(trainer_model.named_parameters(), original, strict=True):
+            p.copy_(o)
+    sender.push(_health(urls[0])["version"] + 1, original)
+
+
 def _health(url: str) -> dict[str, Any]:
     return dict(httpx.get(f"{url}/health", timeout=30).json())
 
