@@ -36,6 +36,7 @@ class GenerateRequest(_Body):
     stop_token_ids: list[TokenId] = Field(default_factory=list, max_length=MAX_STOP_TOKENS)
     min_tokens: int = Field(0, ge=0)  # EOS and stop_token_ids cannot end the request before this many tokens
     ignore_eos: bool = False  # the model's EOS does not end the request (stop_token_ids still do)
+    min_version: int = Field(0, ge=0)  # held, not started, until the weights are at least this version
 
     @field_validator("min_tokens")
     @classmethod

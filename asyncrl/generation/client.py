@@ -92,15 +92,19 @@ class GenerationClient:
 
     async def generate(self, request_id: str, prompt_token_ids: list[int], *, max_tokens: int, temperature: float,
                        top_p: float, seed: int | None, stop_token_ids: list[int],
-                       timeout_s: float | None = None, min_tokens: int = 0, ignore_eos: bool = False) -> Generated:
+                       timeout_s: float | None = None, min_tokens: int = 0, ignore_eos: bool = False,
+                       min_version: int = 0) -> Generated:
         """One sample. `min_tokens`: EOS/stop ids cannot end it earlier; `ignore_eos`: the model's EOS does not
-        end it (ids in `stop_token_ids` still do, so leave EOS out of them to get lengths up to `max_tokens`)."""
+        end it (ids in `stop_token_ids` still do, so leave EOS out of them to get lengths up to `max_tokens`);
+        `min_version`: the server holds it until its weights are at least that version."""
         deadline = timeout_s or self._timeout
         body = {
             "request_id": request_id, "prompt_token_ids": prompt_token_ids, "max_tokens": max_tokens,
             "temperature": temperature, "top_p": top_p, "seed": seed, "stop_token_ids": stop_token_ids,
             "min_tokens": min_tokens, "ignore_eos": ignore_eos,
         }
+        if min_version > 0:
+            body["min_version"] = min_version
         fut = self._generate.submit(_Request(body, deadline))
         try:
             out = await asyncio.wait_for(fut, deadline)
@@ -176,9 +180,9 @@ class GenerationClient:
             settle(fut, rid in aborted)
 
     async def wait_version(self, after: int, wait_s: float) -> int:
-        """The server's weights version once it is above `after`, or its current one after `wait_s` seconds (a long
-        poll: `GET /weights/version`); `RemoteError` when the server does not answer within `wait_s` + the client's
-        deadline."""
+        """The newest version the server serves or is being updated to, once it is above `after`, or the current one
+        after `wait_s` seconds (a long poll: `GET /weights/version`, its `updating_to`); `RemoteError` when the server
+        does not answer within `wait_s` + the client's deadline."""
         url = f"{self.base_url}/weights/version"
         try:
             r = await self._client.get(url, params={"after": after, "wait_s": wait_s}, headers=self._headers,
@@ -188,7 +192,8 @@ class GenerationClient:
         if r.status_code != 200:
             raise RemoteError(f"GET {url}: HTTP {r.status_code}: {r.text[:300]}", r.status_code)
         try:
-            return int(r.json()["version"])
+            doc = r.json()
+            return max(int(doc["version"]), int(doc.get("updating_to", doc["version"])))
         except (ValueError, KeyError, TypeError) as err:
             raise RemoteError(f"GET {url}: malformed answer: {err!r}") from err
 

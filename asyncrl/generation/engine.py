@@ -10,6 +10,10 @@ Invariants:
   (non-decreasing, each >= its `start_version`);
 - one weight update at a time (a lock); generation is paused only while the weights are being replaced;
 - `/generate` returns exactly one log-prob and one version per returned token;
+- a request with `min_version` above `version` is held, never started, until an update to at least that version has
+  completed (or it is aborted, or `MAX_HOLD_S` passes: 503); its `start_version` is then at least `min_version`.
+  So a writer may send the requests of a version it learned from the trainer before the push of that version
+  reaches this server (they start the moment generation resumes with it);
 - `min_tokens` / `ignore_eos` go to vLLM as is. vLLM's `ignore_eos` ignores only the model's own EOS (with
   `skip_tokenizer_init`: the `eos_token_id` of generation_config.json); ids listed in `stop_token_ids` still
   stop the request. `min_tokens` suppresses both the EOS and `stop_token_ids` until that many tokens exist.
@@ -81,6 +85,10 @@ class GenerateParams:
     stop_token_ids: list[int] = field(default_factory=list)
     min_tokens: int = 0
     ignore_eos: bool = False
+    min_version: int = 0  # held until the weights are at least this version (see the module docstring)
+
+
+MAX_HOLD_S = 600.0  # the longest a request waits for its `min_version` (then 503: send it elsewhere)
 
 
 class EngineUnavailable(RuntimeError):
@@ -94,6 +102,8 @@ class RequestConflict(ValueError):
 @dataclass
 class _InFlight:
     max_tokens: int
+    held: bool = False  # waiting for its min_version (vLLM has not seen it)
+    aborted: bool = False  # aborted while held
 
 
 def _sampled_logprobs(flat: Any, token_ids: list[int]) -> list[float]:
@@ -186,7 +196,8 @@ class GenerationEngine:
         self.version = 0
         self._inflight: dict[str, _InFlight] = {}
         self._update_lock = asyncio.Lock()
-        self._version_changed = asyncio.Condition()  # notified after every update (see `wait_version`)
+        self._version_changed = asyncio.Condition()  # notified when an update begins and after it (`wait_version`)
+        self.updating_to = 0  # the version of the latest update begun (complete or not)
         self._closing = False  # set by `release_waiters`: the server stops, no long poll waits any more
         self.weights_initialised = False
         self.failed: str | None = None  # set when a weight update failed half-way (model unusable)
@@ -284,7 +295,6 @@ class GenerationEngine:
             flat_logprobs=True,
             skip_clone=True,  # built for this one request: vLLM's defensive deep copy (~9% of the front end) is moot
         )
-        start_version = self.version
         state = _InFlight(max_tokens=p.max_tokens)
         self._inflight[p.request_id] = state
         self.counters.begin()
@@ -292,7 +302,16 @@ class GenerationEngine:
         logprobs: list[float] = []
         finish_reason = "abort"
         spans = None
+        start_version = self.version
         try:
+            if p.min_version > self.version:
+                await self._hold(p, state)
+                if self.failed:
+                    raise EngineUnavailable(self.failed)
+            start_version = self.version
+            if state.aborted:  # aborted while held: no token, as for an abort before the first one
+                return {"request_id": p.request_id, "token_ids": [], "logprobs": [], "token_versions": [],
+                        "finish_reason": "abort", "start_version": start_version}
             # FINAL_ONLY: one output per request, when it ends (finished or aborted, with every token so far), not
             # one per engine step; flat log-probs: plain lists, not a {token: Logprob} dict per position. Together
             # ~20% of the front end's CPU on the default job. `health()` reads the progress from vLLM instead.
@@ -324,18 +343,46 @@ class GenerationEngine:
             "start_version": start_version,
         }
 
+    async def _hold(self, p: GenerateParams, state: _InFlight) -> None:
+        """Wait until the weights are at `p.min_version` or later, the request is aborted, or the server stops;
+        EngineUnavailable after `MAX_HOLD_S`."""
+        state.held = True
+        try:
+            async with self._version_changed:
+                await asyncio.wait_for(self._version_changed.wait_for(
+                    lambda: self.version >= p.min_version or state.aborted or self._closing), MAX_HOLD_S)
+        except TimeoutError:
+            raise EngineUnavailable(f"min_version: weights version {p.min_version} not reached within "
+                                    f"{MAX_HOLD_S:g} s (at {self.version}); send the request elsewhere") from None
+        finally:
+            state.held = False
+        if self._closing and not state.aborted and self.version < p.min_version:
+            raise EngineUnavailable(f"the server is stopping; weights version {p.min_version} never arrived")
+
+    async def _release_held(self, request_ids: list[str]) -> list[str]:
+        """Mark those of `request_ids` still held for their min_version aborted, and wake them; the rest."""
+        held = [r for r in request_ids if (s := self._inflight.get(r)) is not None and s.held and not s.aborted]
+        if held:
+            for r in held:
+                self._inflight[r].aborted = True
+            async with self._version_changed:
+                self._version_changed.notify_all()
+        return [r for r in request_ids if r not in held]
+
     async def abort(self, request_id: str) -> bool:
         """Abort a request in flight (its /generate returns finish_reason "abort"); False if unknown."""
         if request_id not in self._inflight:
             return False
-        await self.llm.abort(request_id)
+        if await self._release_held([request_id]):
+            await self.llm.abort(request_id)
         return True
 
     async def abort_many(self, request_ids: list[str]) -> list[str]:
         """Abort those of `request_ids` in flight, in one engine call; returns them."""
         known = [r for r in request_ids if r in self._inflight]
-        if known:
-            await self.llm.abort(known)
+        running = await self._release_held(known)
+        if running:
+            await self.llm.abort(running)
         return known
 
     def health(self) -> dict[str, Any]:
@@ -391,6 +438,9 @@ class GenerationEngine:
             clock = asyncio.get_running_loop().time
             t0 = clock()
             phases: dict[str, float] = {}
+            async with self._version_changed:  # the version long polls answer now: a push of `version` has begun
+                self.updating_to = max(self.updating_to, version)
+                self._version_changed.notify_all()
             await self.llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=True)
             phases["pause_s"] = clock() - t0
             try:
@@ -421,15 +471,17 @@ class GenerationEngine:
         log.info("weights: now at version %d (%.3f s paused, %.3f s loading)", version, seconds, phases["load_s"])
         return {"version": version, "seconds": seconds, "phases": phases}
 
-    async def wait_version(self, after: int, timeout_s: float) -> int:
-        """The weights' version once it is above `after` (generation has resumed with it), or the current one after
-        `timeout_s`. A hint for clients that wait on the trainer's next version (see docs/generation_api.md): it
-        answers as soon as an update completes, where the trainer's `versions/latest.json` is read on a timer."""
+    async def wait_version(self, after: int, timeout_s: float) -> dict[str, int]:
+        """`{version, updating_to}` as soon as either is above `after` (an update to a newer version has begun, or
+        generation has resumed with it), else after `timeout_s`. A hint for clients that wait on the trainer's next
+        version (see docs/generation_api.md): it answers as soon as a push begins, where the trainer's
+        `versions/latest.json` is read on a timer. `version` is the weights serving tokens; `updating_to` the
+        version of the latest update begun (equal to `version` once it completed, never below it unless it failed)."""
         async with self._version_changed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._version_changed.wait_for(lambda: self.version > after or self._closing), timeout_s)
-        return self.version
+                await asyncio.wait_for(self._version_changed.wait_for(
+                    lambda: max(self.version, self.updating_to) > after or self._closing), timeout_s)
+        return {"version": self.version, "updating_to": max(self.version, self.updating_to)}
 
     async def release_waiters(self) -> None:
         """Answer every `wait_version` now, and any later one at once: the server is stopping, and its graceful

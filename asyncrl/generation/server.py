@@ -184,7 +184,7 @@ def create_app(engine: GenerationEngine, token: str | None, max_body_bytes: int 
         after: Annotated[int, Query(ge=-1)] = -1,
         wait_s: Annotated[float, Query(ge=0, le=MAX_VERSION_WAIT_S, allow_inf_nan=False)] = 0.0,
     ) -> dict[str, Any]:
-        return {"version": await engine.wait_version(after, wait_s)}
+        return await engine.wait_version(after, wait_s)
 
     @app.get("/weights/checksum")
     async def weights_checksum() -> dict[str, Any]:

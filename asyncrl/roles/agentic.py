@@ -220,7 +220,7 @@ class EpisodeKind:
                 d.request_id, traj.context_ids, max_tokens=budget, temperature=ro.temperature, top_p=ro.top_p,
                 seed=sample_seed(self.cfg.generation.seed + 1009 * d.turn, level.seq, d.sample_index,
                                  ro.samples_per_prompt),
-                stop_token_ids=[self.eos_id], timeout_s=ro.request_timeout_s)
+                stop_token_ids=[self.eos_id], timeout_s=ro.request_timeout_s, min_version=d.start_version)
         except RemoteError as err:
             if not err.server_unavailable:
                 raise

@@ -161,7 +161,7 @@ class SingleTurnKind:
                     seed=sample_seed(self.cfg.generation.seed + 1009 * d.turn, pending.seq, d.sample_index,
                                      ro.samples_per_prompt),
                     stop_token_ids=[] if ro.length_tail else [self.eos_id], ignore_eos=ro.length_tail is not None,
-                    timeout_s=ro.request_timeout_s,
+                    timeout_s=ro.request_timeout_s, min_version=d.start_version,
                 )
             else:  # a resubmit raced the end of the request: nothing left to decode
                 out = Generated([], [], [], traj.finish_reason if ended else "length", traj.start_version or 0)

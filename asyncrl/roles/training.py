@@ -252,10 +252,20 @@ class TrainingRunner:
         snapshot = self.policy.snapshot(optimizer=checkpoint)  # in time/sync_s, as the weights' gather always was
         self.decisions.peers_idle()
         if snapshot is not None:
-            # the checksum (published in versions/latest.json) only where it is compared: at checkpoints and the
-            # last step (the launcher compares the servers' with it); elsewhere {} (on a GPU it would copy every
-            # weight to the host at every step)
-            self.push(snapshot.weights, checksum=checkpoint)
+            # versions/latest.json of the new version goes out while the weights are pushed (not at checkpoints: they
+            # publish the weights' checksum, known after the push), so the writers' next requests are at the servers,
+            # held for that version, when the push ends (`TrainingReport.publish_ahead`)
+            ahead = None
+            if self.report is not None and taken is not None and not checkpoint:
+                ahead = self.report.publish_ahead(self.version, taken)
+            try:
+                # the checksum (published in versions/latest.json) only where it is compared: at checkpoints and the
+                # last step (the launcher compares the servers' with it); elsewhere {} (on a GPU it would copy every
+                # weight to the host at every step)
+                self.push(snapshot.weights, checksum=checkpoint)
+            finally:
+                if ahead is not None:
+                    ahead.join(STOP_S3_TIMEOUT_S)
         return StepResult(step, checkpoint, metrics, taken, snapshot, train_s=t2 - t1, sync_s=time.monotonic() - t2)
 
     def push(self, weights: list[tuple[str, torch.Tensor]], checksum: bool = True) -> None:

@@ -254,6 +254,37 @@ class TrainingReport:
         }
         self.ctx.store.put_json(self.ctx.paths.versions_latest(), doc)
 
+    def publish_ahead(self, version: int, taken: Taken) -> threading.Thread:
+        """Write `versions/latest.json` for `version` from a thread, while its weights are being pushed (a step that
+        writes no checkpoint); the caller joins the thread. The document is built here, before the push: the version
+        and the trained and consumed counts that admission reads, with this step's groups in them; the run counters
+        and metrics are the previous step's until `after_step` publishes again. The writers may then send that
+        version's requests during the push: each carries it as its `min_version`, and a server holds it until it
+        serves those weights (docs/data_plane.md). A failed write is logged; `after_step` writes the file again."""
+        trained = dict(self.counters.trained_by_writer)
+        for writer, n in taken.by_writer.items():
+            trained[writer] = trained.get(writer, 0) + n
+        doc = {
+            "version": version,
+            "consumed": dict(self.groups.cursors),
+            "trained": trained,
+            "counters": self.run_counters(),
+            "checksum": {},
+            "weight_group": self.weights.document(),
+            "metrics": self.last_metrics,
+            "time": time.time(),
+        }
+
+        def put() -> None:
+            try:
+                self.ctx.store.put_json(self.ctx.paths.versions_latest(), doc)
+            except Exception as err:  # noqa: BLE001 - after_step publishes again; admission waits until then
+                log.warning("versions/latest.json for version %d ahead of its push: %s", version, err)
+
+        thread = threading.Thread(target=put, name="publish-ahead", daemon=True)
+        thread.start()
+        return thread
+
     def run_counters(self) -> dict[str, Any]:
         """The run-wide counters, with this attempt's quarantined objects and skipped gaps added."""
         c = self.counters.as_dict()

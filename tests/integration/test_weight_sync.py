@@ -275,15 +275,17 @@ def test_rendezvous_store_listens_on_master_addr_only(sender: WeightSender) -> N
     assert [a.ip for a in listening] == ["127.0.0.1"], listening
 
 
-def test_version_long_poll_answers_when_an_update_lands(
+def test_version_long_poll_answers_when_an_update_begins(
     servers: tuple[list[ServerProcess], Path], trainer_model: torch.nn.Module, sender: WeightSender
 ) -> None:
     """GET /weights/version: at once when the version is already above `after`, the current version when `wait_s`
-    passes without an update, and the new version as soon as a push lands (the environment's admission hint)."""
+    passes without an update, and `updating_to` the new version as soon as a push begins (the environment's
+    admission hint)."""
     url = servers[0][0].url
     v = _health(url)["version"]
-    assert httpx.get(f"{url}/weights/version", params={"after": -1}, timeout=30).json() == {"version": v}
-    assert httpx.get(f"{url}/weights/version", params={"after": v, "wait_s": 0.2}, timeout=30).json() == {"version": v}
+    now = {"version": v, "updating_to": v}
+    assert httpx.get(f"{url}/weights/version", params={"after": -1}, timeout=30).json() == now
+    assert httpx.get(f"{url}/weights/version", params={"after": v, "wait_s": 0.2}, timeout=30).json() == now
     answers: list[Any] = []
     poll = threading.Thread(target=lambda: answers.append(httpx.get(
         f"{url}/weights/version", params={"after": v, "wait_s": 60}, timeout=90).json()))
@@ -293,8 +295,39 @@ def test_version_long_poll_answers_when_an_update_lands(
     named = [(n, p.detach().clone()) for n, p in trainer_model.named_parameters()]
     sender.push(v + 1, named)
     poll.join(timeout=30)  # answered with the update, not at the end of its 60 s
-    assert not poll.is_alive() and answers == [{"version": v + 1}]
+    assert not poll.is_alive() and answers[0]["updating_to"] == v + 1 and answers[0]["version"] in (v, v + 1)
     for params, field in (({"after": -2}, "after"), ({"after": v, "wait_s": 61}, "wait_s"),
                           ({"after": v, "wait_s": "nan"}, "wait_s")):
         r = httpx.get(f"{url}/weights/version", params=params, timeout=30)
         assert r.status_code == 422 and field in r.text, (params, r.text)
+
+
+def test_a_request_for_the_next_version_is_held_until_its_push(
+    servers: tuple[list[ServerProcess], Path], trainer_model: torch.nn.Module, sender: WeightSender
+) -> None:
+    """`min_version` above the server's version: the request waits (counted as waiting, no token) and starts under
+    the pushed weights once the push of that version completes; an abort ends a held one with no token."""
+    url = servers[0][0].url
+    v = _health(url)["version"]
+    result: dict[str, Any] = {}
+    held = threading.Thread(target=lambda: result.update(_generate(url, "held-for-next", max_tokens=8, seed=3,
+                                                                   ignore_eos=True, min_version=v + 1)))
+    held.start()
+    time.sleep(1.0)
+    h = _health(url)
+    assert held.is_alive() and (h["running"], h["waiting"]) == (0, 1), h
+    aborted: dict[str, Any] = {}
+    other = threading.Thread(target=lambda: aborted.update(_generate(url, "held-then-aborted", max_tokens=8, seed=4,
+                                                                     min_version=v + 2)))
+    other.start()
+    time.sleep(0.5)
+    assert httpx.post(f"{url}/abort", json={"request_id": "held-then-aborted"}, timeout=30).json()["aborted"] is True
+    other.join(timeout=30)
+    assert aborted["finish_reason"] == "abort" and aborted["token_ids"] == []
+    named = [(n, p.detach().clone()) for n, p in trainer_model.named_parameters()]
+    sender.push(v + 1, named)
+    held.join(timeout=60)
+    assert not held.is_alive()
+    assert result["start_version"] == v + 1 and result["token_versions"] == [v + 1] * 8
+    hf = _hf_logprobs(trainer_model, PROMPT, result["token_ids"])
+    assert max(abs(a - b) for a, b in zip(hf, result["logprobs"], strict=True)) < 1e-4

@@ -180,7 +180,8 @@ def test_generate_checks_against_the_model() -> None:
     ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": "4"}, "max_tokens"), ({"seed": -1}, "seed"),
     ({"seed": 2**63}, "seed"), ({"prompt_token_ids": [1, -2]}, "prompt_token_ids"),
     ({"prompt_token_ids": [True]}, "prompt_token_ids"), ({"stop_token_ids": [-1]}, "stop_token_ids"),
-    ({"ignore_eos": "yes"}, "ignore_eos"), ({"knob": 1}, "knob"),
+    ({"ignore_eos": "yes"}, "ignore_eos"), ({"knob": 1}, "knob"), ({"min_version": -1}, "min_version"),
+    ({"min_version": 1.5}, "min_version"),
 ])
 def test_invalid_sampling_parameters_name_the_field(change: dict[str, Any], field: str) -> None:
     from pydantic import ValidationError

@@ -90,30 +90,113 @@ def test_sampled_logprobs_are_checked_against_the_tokens() -> None:
         _sampled_logprobs(flat, [5, 9, 2])
 
 
-def test_version_long_poll_answers_on_an_update_on_its_deadline_and_when_the_server_stops() -> None:
-    """`wait_version`: at once when the version is already above `after`; the current version at its deadline; the
-    new version when an update notifies; and at once for every waiter (and any later one) once `release_waiters`
-    runs, so that a stopping server does not sit out uvicorn's graceful-shutdown timeout on the long polls."""
+def test_version_long_poll_answers_when_an_update_begins_ends_on_its_deadline_and_when_the_server_stops() -> None:
+    """`wait_version`: at once when the version is already above `after`; the current version at its deadline; as
+    soon as an update to a newer version begins (`updating_to`), and again once it completed (`version`); and at
+    once for every waiter (and any later one) once `release_waiters` runs, so that a stopping server does not sit
+    out uvicorn's graceful-shutdown timeout on the long polls."""
+
+    def at(version: int, updating_to: int | None = None) -> dict[str, int]:
+        return {"version": version, "updating_to": version if updating_to is None else updating_to}
 
     async def scenario() -> None:
         engine = GenerationEngine(None, EngineSettings(model="unused"))
         engine.version = 2
-        assert await engine.wait_version(1, 60) == 2
+        assert await engine.wait_version(1, 60) == at(2)
         t0 = time.monotonic()
-        assert await engine.wait_version(2, 0.05) == 2
+        assert await engine.wait_version(2, 0.05) == at(2)
         assert time.monotonic() - t0 < 30  # ended by its deadline, not by anything else
         waiter = asyncio.create_task(engine.wait_version(2, 60))
         await asyncio.sleep(0.01)
         assert not waiter.done()
-        async with engine._version_changed:  # what update_weights does once generation resumed with version 3
-            engine.version = 3
+        async with engine._version_changed:  # what update_weights does when the push of version 3 begins
+            engine.updating_to = 3
             engine._version_changed.notify_all()
-        assert await asyncio.wait_for(waiter, 5) == 3
-        waiters = [asyncio.create_task(engine.wait_version(3, 60)) for _ in range(3)]
+        assert await asyncio.wait_for(waiter, 5) == at(2, 3)
+        waiter = asyncio.create_task(engine.wait_version(3, 60))
+        await asyncio.sleep(0.01)
+        assert not waiter.done()  # the update under way is not news to a caller that knows of it
+        async with engine._version_changed:  # ... and once generation resumed with version 4
+            engine.version = engine.updating_to = 4
+            engine._version_changed.notify_all()
+        assert await asyncio.wait_for(waiter, 5) == at(4)
+        waiters = [asyncio.create_task(engine.wait_version(4, 60)) for _ in range(3)]
         await asyncio.sleep(0.01)
         assert not any(w.done() for w in waiters)
         await engine.release_waiters()
-        assert await asyncio.wait_for(asyncio.gather(*waiters), 5) == [3, 3, 3]
-        assert await asyncio.wait_for(engine.wait_version(3, 60), 5) == 3  # a later one answers at once
+        assert await asyncio.wait_for(asyncio.gather(*waiters), 5) == [at(4)] * 3
+        assert await asyncio.wait_for(engine.wait_version(4, 60), 5) == at(4)  # a later one answers at once
+
+    asyncio.run(scenario())
+
+
+# ---- requests held for their min_version ------------------------------------------------------------------------
+class OneTokenLLM:
+    """What `generate` and `abort` call on vLLM's AsyncLLM: every request ends at once with one token."""
+
+    errored = False
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.aborted: list[object] = []
+
+    async def generate(self, prompt: object, params: object, request_id: str):  # type: ignore[no-untyped-def]
+        self.started.append(request_id)
+        yield SimpleNamespace(outputs=[SimpleNamespace(
+            finish_reason="length", token_ids=[7], logprobs=SimpleNamespace(token_ids=[7], logprobs=[-0.5]),
+            weight_versions=None)])
+
+    async def abort(self, request_ids: object) -> None:
+        self.aborted.append(request_ids)
+
+
+def test_a_request_is_held_until_its_min_version_and_an_abort_ends_it_without_reaching_vllm(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from asyncrl.generation import engine as engine_module
+    from asyncrl.generation.engine import EngineUnavailable, GenerateParams
+
+    def params(rid: str, min_version: int) -> GenerateParams:
+        return GenerateParams(request_id=rid, prompt_token_ids=[1, 2], max_tokens=1, min_version=min_version)
+
+    async def new_version(engine: GenerationEngine, v: int) -> None:
+        async with engine._version_changed:  # what update_weights does once generation resumed with version v
+            engine.version = engine.updating_to = v
+            engine._version_changed.notify_all()
+
+    async def scenario() -> None:
+        llm = OneTokenLLM()
+        engine = GenerationEngine(llm, EngineSettings(model="unused", max_model_len=32))
+        engine.version = 2
+        now = await engine.generate(params("now", 2))  # at its version already: not held
+        assert (now["start_version"], now["token_versions"], llm.started) == (2, [2], ["now"])
+        held = asyncio.create_task(engine.generate(params("held", 3)))
+        await asyncio.sleep(0.05)
+        assert not held.done() and llm.started == ["now"]  # vLLM has not seen it
+        assert engine.health()["waiting"] == 1
+        await new_version(engine, 3)
+        out = await asyncio.wait_for(held, 5)
+        assert (out["start_version"], out["token_versions"], out["finish_reason"]) == (3, [3], "length")
+        assert llm.started == ["now", "held"]
+
+        one, two = (asyncio.create_task(engine.generate(params(r, 9))) for r in ("one", "two"))
+        await asyncio.sleep(0.05)
+        assert await engine.abort("one") is True
+        assert await engine.abort_many(["two", "unknown"]) == ["two"]
+        for task in (one, two):
+            out = await asyncio.wait_for(task, 5)
+            assert (out["finish_reason"], out["token_ids"], out["start_version"]) == ("abort", [], 3)
+        assert llm.aborted == [] and llm.started == ["now", "held"]  # ended here, never sent to vLLM
+        assert engine._inflight == {}
+
+        monkeypatch.setattr(engine_module, "MAX_HOLD_S", 0.05)
+        with pytest.raises(EngineUnavailable, match="min_version: weights version 9 not reached"):
+            await engine.generate(params("late", 9))
+        monkeypatch.setattr(engine_module, "MAX_HOLD_S", 60.0)
+        stopping = asyncio.create_task(engine.generate(params("stopping", 9)))
+        await asyncio.sleep(0.05)
+        await engine.release_waiters()
+        with pytest.raises(EngineUnavailable, match="stopping"):
+            await asyncio.wait_for(stopping, 5)
+        assert engine._inflight == {} and engine.counters.snapshot()["requests_aborted"] == 4
 
     asyncio.run(scenario())

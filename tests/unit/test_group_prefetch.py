@@ -192,6 +192,24 @@ def fake_runner(groups: GroupPrefetcher, need: int = 2, alpha: int = 1) -> tuple
     return r, published
 
 
+def test_publish_ahead_counts_the_step_being_pushed_and_keeps_the_previous_metrics() -> None:
+    """`versions/latest.json` written while a step's weights are pushed: the new version, this step's groups
+    trained and consumed (what admission reads), no checksum; the counters and metrics are the previous step's."""
+    items = [("env0", 0, group("a", 3)), ("env1", 0, group("b", 3)), ("env0", 1, group("c", 3))]
+    p = prefetcher(ScriptedReader([returns(*items)]))
+    p.fetch_once(8)
+    runner, published = fake_runner(p, need=2)
+    runner.report.counters.trained_by_writer = {"env0": 6, "env1": 4}
+    runner.report.publish(runner.version, {"reward/mean": 0.25})
+    taken = runner.collect(3)
+    assert taken.by_writer == {"env0": 1, "env1": 1}
+    runner.report.publish_ahead(4, taken).join(30)
+    doc = published[-1]
+    assert (doc["version"], doc["trained"], doc["consumed"]) == (4, {"env0": 7, "env1": 5}, {"env0": 1, "env1": 1})
+    assert doc["checksum"] == {} and doc["metrics"] == {"reward/mean": 0.25}
+    assert runner.report.counters.trained_by_writer == {"env0": 6, "env1": 4}  # after_step counts the step in
+
+
 def test_consumed_counts_only_taken_groups_and_staleness_is_judged_when_taken() -> None:
     # read ahead under version 0; taken for step 3 with alpha 1: start_version 0 < 3 - 1 is stale then
     items = [("env0", 0, group("old", 0)), ("env0", 1, group("f1", 2)), ("env0", 2, group("f2", 3)),
