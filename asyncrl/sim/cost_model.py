@@ -29,7 +29,8 @@ Control plane (all 0 by default: none; see `asyncrl.sim.overheads` for how the s
   and its read `group_get_s + group_get_token_s · tokens` (tokens: prompt + response of every sample);
 - per step: after the sync the trainer's `publish_s` (metrics reads, versions/latest.json) - the writers see the
   version at their next `version_poll_s` tick plus `s3_get_s` - then `log_s` (MLflow) and `checkpoint_s` every
-  `checkpoint_every` steps (a job setting) before the next step starts.
+  `checkpoint_every` steps (a job setting) before the next step starts. In async mode a step without a checkpoint
+  publishes its version as the sync begins, seen `publish_s + s3_get_s` later (`asyncrl.sim.trainer`).
 
 Every constant carries a note in `NOTES` saying whether it was measured or assumed, and where it came from.
 """

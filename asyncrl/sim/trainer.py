@@ -10,7 +10,10 @@ One training step, as `asyncrl.roles.training` runs it: wait (take buffered grou
 start_version < k − α is dropped), train (`train_time` of the batch's tokens, padded per micro batch when the job
 sets `micro_batch_size`; with CPU sharing the work runs `corun_train_factor` times slower while a server decodes),
 sync (servers paused `sync_time`), then the bookkeeping outside the step's own timing: `publish_s` (after which the
-writers see the version, `notice_time`), `log_s`, and `checkpoint_s` every `checkpoint_every` steps.
+writers see the version, `notice_time`), `log_s`, and `checkpoint_s` every `checkpoint_every` steps. In async mode a
+step that writes no checkpoint publishes its version as the sync begins (`TrainingReport.publish_ahead`): the writers
+see it `publish_s + s3_get_s` later (the servers' long poll answers as the push begins) and their requests wait at the
+paused servers, as the real ones are held for their `min_version`, until the sync ends.
 `steps` records per step (wait, train, sync) seconds as the trainer measures them (`time/wait_s`, ...).
 """
 
@@ -63,6 +66,7 @@ class SimTrainer:
         self.queue: deque[Emitted] = deque()  # the prefetch buffer (groups read, not taken)
         self.batch: list[Emitted] = []
         self.phase = "collect"  # collect -> train -> sync -> book -> collect
+        self._ahead = False  # the version of the sync under way was published as it began (`_publishes_ahead`)
         self.k = 0
         self.trained = self.consumed = self.dropped_stale = 0
         self.step_ends: list[float] = []
@@ -194,7 +198,17 @@ class SimTrainer:
         self.busy_s += self.sim.now - self._t1
         if self.cfg.mode == "async":
             self.sim.pause_all(self.sim.now + self.cost.sync_time)
+        self._ahead = self._publishes_ahead()
+        if self._ahead:
+            seen = self.sim.now + self.cost.publish_s + self.cost.s3_get_s
+            self.sim.push(seen, ("version", self.k + 1, self.trained + self.cfg.scheduler.prompts_per_step,
+                                 self.consumed))
         self.sim.push(self.sim.now + self.cost.sync_time, ("sync_done",))
+
+    def _publishes_ahead(self) -> bool:
+        """Whether the version this sync pushes is published as the sync begins (async, no checkpoint, not the last)."""
+        version, every = self.k + 1, self.cfg.checkpoint_every
+        return self.cfg.mode == "async" and not (every > 0 and version % every == 0) and version != self.cfg.steps
 
     def _sync_done(self) -> None:
         now = self.sim.now
@@ -213,7 +227,9 @@ class SimTrainer:
 
     def _published(self) -> None:
         now, c = self.sim.now, self.cost
-        self.sim.push(notice_time(now, c.version_poll_s, c.s3_get_s), ("version", self.k, self.trained, self.consumed))
+        if not self._ahead:
+            self.sim.push(notice_time(now, c.version_poll_s, c.s3_get_s),
+                          ("version", self.k, self.trained, self.consumed))
         every = self.cfg.checkpoint_every
         book = c.log_s + (c.checkpoint_s if every > 0 and self.k % every == 0 else 0.0)
         self.sim.push(now + book, ("ready",))

@@ -160,3 +160,21 @@ def test_per_token_and_reward_call_cpu_on_shared_cores_by_hand():
     assert queued.trainer.step_ends == pytest.approx([2.48], abs=1e-9)
     b = step_budget(cost, requests=2, servers=1, objects=1.0, tokens=28, checkpoint_every=0, decoded=20)
     assert (b["environment_cpu_s"], b["frontend_cpu_s_per_server"]) == pytest.approx((0.01, 0.02))
+
+
+def test_an_async_step_without_a_checkpoint_publishes_its_version_as_the_sync_begins():
+    """Async α = 0, 1 server, W = 1 prompt of 2 samples (4 + 10 tokens), step a = 0.1 s, writers polling every 0.5 s.
+    Published as the sync begins (no checkpoint): the writer sees version k at train end + publish 0.08 + GET 0.01,
+    and its requests wait at the paused server until the sync ends, so each step is decode 1.0 + train 0.28 + sync
+    0.2 = 1.48 s. With a checkpoint every step the version is published after the sync (1.48 + 0.08) and seen at the
+    next 0.5 s tick plus the GET (2.01), so step 2 ends at 2.01 + 1.48 = 3.49, and every later step 2.0 s after."""
+    def step_ends(checkpoint_every: int) -> list[float]:
+        cost = _cost(version_poll_s=0.5, publish_s=0.08, s3_get_s=0.01, log_s=0.07)
+        cfg = SimConfig.of(gpus=2, mode="async", async_ratio=0, prompts_per_step=1, group_size=2, steps=4,
+                           warmup_steps=1, checkpoint_every=checkpoint_every)
+        sim = Simulator(cfg, cost, WL)
+        sim.run()
+        return sim.trainer.step_ends
+
+    assert step_ends(0) == pytest.approx([1.48, 2.96, 4.44, 5.92], abs=1e-9)
+    assert step_ends(1) == pytest.approx([1.48, 3.49, 5.49, 7.49], abs=1e-9)
