@@ -13,7 +13,9 @@ sync (servers paused `sync_time`), then the bookkeeping outside the step's own t
 writers see the version, `notice_time`), `log_s`, and `checkpoint_s` every `checkpoint_every` steps. In async mode a
 step that writes no checkpoint publishes its version as the sync begins (`TrainingReport.publish_ahead`): the writers
 see it `publish_s + s3_get_s` later (the servers' long poll answers as the push begins) and their requests wait at the
-paused servers, as the real ones are held for their `min_version`, until the sync ends.
+paused servers, as the real ones are held for their `min_version`, until the sync ends. (The real trainer does the
+same at α = 0, `rollout.mode: sync`; the simulator's sync mode, generation and training colocated on the same GPUs,
+keeps publishing after the sync, so it prices one version notice per step more than such a run pays.)
 `steps` records per step (wait, train, sync) seconds as the trainer measures them (`time/wait_s`, ...).
 """
 
