@@ -34,7 +34,9 @@ from tests.helpers.run_processes import kill_run_processes
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-STEPS, RETRY_S = 12, 15.0  # RETRY_S: the trainer retries an MLflow call this long, then spools it
+# STEPS: enough that the run cannot reach its end between "step 2" and the outage's hold on the writers (a default
+# step takes ~0.1-0.2 s here; with 12 steps the run once finished its last steps while the test was still reacting)
+STEPS, RETRY_S = 40, 15.0  # RETRY_S: the trainer retries an MLflow call this long, then spools it
 STEP_KEYS = ("reward/mean", "train/loss", "time/step_s", "version", "staleness/mean")
 
 
@@ -147,15 +149,15 @@ def _outage_run(mlflow_dir: Path, port: int, servers: list[subprocess.Popen], ru
     try:
         _until("step 2", lambda: train_log.is_file() and f"step 2/{STEPS}" in train_log.read_text(), run,
                timeout_s=1200)  # vLLM's and DeepSpeed's start on a busy machine
+        # MLflow hangs at once: SIGSTOP, so every request waits for its timeout; steps go on and end up in the spool
+        os.killpg(servers[-1].pid, signal.SIGSTOP)
+        t_stop = time.monotonic()
         env = _procs("asyncrl.roles.training", f"/{run_id}")[0].environ()  # the run's S3 endpoint and keys
         os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
         store, paths = S3Store(env["AWS_ENDPOINT_URL"], "asyncrl", timeout_s=10.0), RunPaths("runs", run_id)
         version = lambda: int((store.get_json(paths.versions_latest()) or {}).get("version", 0))  # noqa: E731
         spooled = lambda: store.list_keys(paths.file(SPOOL))  # noqa: E731
-
-        # MLflow hangs: SIGSTOP, so every request waits for its timeout; steps go on and end up in the spool
-        os.killpg(servers[-1].pid, signal.SIGSTOP)
-        t_stop, v_stop = time.monotonic(), version()
+        v_stop = version()
         _until("a step while MLflow hangs", lambda: version() > v_stop, run)
         writers = _procs("asyncrl.roles.environment", f"/{run_id}")
         _signal(writers, signal.SIGSTOP)  # hold the run while MLflow is down and restarted: it cannot end first
