@@ -242,17 +242,16 @@ class TrainingReport:
         a writer whose whole window went stale may admit again instead of waiting for a step that cannot fill."""
         kept = kept_by_writer or {}
         self.last_metrics = metrics
-        doc = {
-            "version": version,
-            "consumed": {w: n - kept.get(w, 0) for w, n in self.groups.cursors.items()},
-            "trained": self.counters.trained_by_writer,
-            "counters": self.run_counters(),
-            "checksum": self.checksum,
-            "weight_group": self.weights.document(),
-            "metrics": metrics,
-            "time": time.time(),
-        }
+        consumed = {w: n - kept.get(w, 0) for w, n in self.groups.cursors.items()}
+        doc = self._latest_doc(version, consumed, self.counters.trained_by_writer, self.checksum, metrics)
         self.ctx.store.put_json(self.ctx.paths.versions_latest(), doc)
+
+    def _latest_doc(self, version: int, consumed: dict[str, int], trained: dict[str, int],
+                    checksum: dict[str, float], metrics: dict[str, float]) -> dict[str, Any]:
+        """The `versions/latest.json` document (`publish`, `publish_ahead`)."""
+        return {"version": version, "consumed": consumed, "trained": trained, "counters": self.run_counters(),
+                "checksum": checksum, "weight_group": self.weights.document(), "metrics": metrics,
+                "time": time.time()}
 
     def publish_ahead(self, version: int, taken: Taken) -> threading.Thread:
         """Write `versions/latest.json` for `version` from a thread, while its weights are being pushed (a step that
@@ -264,16 +263,7 @@ class TrainingReport:
         trained = dict(self.counters.trained_by_writer)
         for writer, n in taken.by_writer.items():
             trained[writer] = trained.get(writer, 0) + n
-        doc = {
-            "version": version,
-            "consumed": dict(self.groups.cursors),
-            "trained": trained,
-            "counters": self.run_counters(),
-            "checksum": {},
-            "weight_group": self.weights.document(),
-            "metrics": self.last_metrics,
-            "time": time.time(),
-        }
+        doc = self._latest_doc(version, self.groups.cursors, trained, {}, self.last_metrics)
 
         def put() -> None:
             try:
