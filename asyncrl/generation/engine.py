@@ -8,7 +8,11 @@ Invariants:
 - `version` is the policy version of the weights serving new tokens; vLLM labels each output token with
   the version set by `update_weight_version`, so a request that spans an update reports per-token versions
   (non-decreasing, each >= its `start_version`);
-- one weight update at a time (a lock); generation is paused only while the weights are being replaced;
+- one weight update at a time (a lock); generation is paused only while the weights are being replaced (on the CPU
+  the broadcast is received before the pause, generation going on);
+- a request reuses only prefix-cache KV computed under its own `start_version` (the cache salt), so a new request
+  never attends to KV of older weights; requests in flight at an update have their KV recomputed with the new weights
+  (`kv_after_update="recompute"`, the default) or keep it (`"keep"`);
 - `/generate` returns exactly one log-prob and one version per returned token;
 - a request with `min_version` above `version` is held, never started, until an update to at least that version has
   completed (or it is aborted, or `MAX_HOLD_S` passes: 503); its `start_version` is then at least `min_version`.
@@ -38,6 +42,9 @@ WORKER_EXTENSION = "asyncrl.generation.worker_extension.WeightSyncExtension"
 # A worker RPC waits this much longer than the worker's own deadline (`timeout_s`): when the RPC gave up first,
 # the worker's late answer would stay in vLLM's response queue and be read as the answer to the next RPC.
 RPC_SLACK_S = 10.0
+# How often a weight update asks the workers whether the broadcast they receive in the background has arrived (each
+# look is one engine round trip between two engine steps; the pause begins at most this long after the last byte).
+STAGE_POLL_S = 0.01
 
 
 @dataclass
@@ -58,6 +65,8 @@ class EngineSettings:
     ring_poll_s: float | None = 0.0005
     initial_version: int = 0  # the policy version of the weights in `model` (a restarted server: a checkpoint's)
     tensor_parallel_size: int = 1  # GPUs the engine splits the model across (asyncrl.generation.parallel)
+    # a weight update drops the running requests' KV ("recompute": recomputed with the new weights) or keeps it
+    kv_after_update: str = "recompute"
 
 
 def engine_process_env(settings: EngineSettings) -> dict[str, str]:
@@ -72,6 +81,21 @@ def engine_process_env(settings: EngineSettings) -> dict[str, str]:
     if settings.ring_poll_s is not None:
         env[POLL_ENV] = repr(float(settings.ring_poll_s))
     return env
+
+
+def warn_slow_bf16(dtype: str) -> bool:
+    """Log a warning (and return True) when `dtype` is bfloat16 on a CPU without bf16 instructions (AVX512-BF16 or
+    AMX): vLLM's CPU build then has no bf16 matrix-product kernel and falls back to PyTorch's generic one, measured
+    ~50x slower than float32 on an AVX2 EPYC (docs/generation_performance.md)."""
+    import torch
+
+    if dtype != "bfloat16" or torch.cuda.is_available():
+        return False
+    if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+        return False
+    log.warning("generation.dtype bfloat16 on a CPU without AVX512-BF16 or AMX: vLLM has no bf16 matrix kernel here "
+                "and decodes far slower than in float32; use float32 on this machine")
+    return True
 
 
 @dataclass
@@ -244,6 +268,7 @@ class GenerationEngine:
             # them off too. /health carries our own counters.
             disable_log_stats=True,
         )
+        warn_slow_bf16(settings.dtype)
         llm = AsyncLLM.from_engine_args(args)
         # vLLM reads its settings from os.environ on every access (a few per request: SamplingParams' checks, request
         # ids), ~7% of the front end's CPU on the default job. Its engine core caches them once started; so does
@@ -315,7 +340,10 @@ class GenerationEngine:
             # FINAL_ONLY: one output per request, when it ends (finished or aborted, with every token so far), not
             # one per engine step; flat log-probs: plain lists, not a {token: Logprob} dict per position. Together
             # ~20% of the front end's CPU on the default job. `health()` reads the progress from vLLM instead.
-            async for out in self.llm.generate(tokens_input(list(p.prompt_token_ids)), params, p.request_id):
+            # The prefix cache is salted with the weights' version: a request reuses only KV that its own version
+            # computed (with kv_after_update "keep" the cache is not cleared at an update)
+            prompt = tokens_input(list(p.prompt_token_ids), cache_salt=f"v{start_version}")
+            async for out in self.llm.generate(prompt, params, p.request_id):
                 comp = out.outputs[0]
                 if comp.finish_reason is None:
                     continue
@@ -417,18 +445,31 @@ class GenerationEngine:
             self.weights_initialised = True
 
     async def update_weights(self, version: int, timeout_s: float) -> dict[str, Any]:
-        """Pause (keep), receive the broadcast and load it in place, set the version, resume.
+        """Receive the broadcast while generating (CPU workers), pause (keep), load it in place, set the version,
+        resume.
 
-        Generation is paused for three engine round trips, each answered between two engine steps:
+        First, not paused: `asyncrl_stage_weights` starts every CPU worker receiving the broadcast into staging
+        buffers in a background thread, and the workers are asked every `STAGE_POLL_S` whether it has all arrived
+        (`_stage_weights`). A receive that fails leaves the model as it was: the update fails (the trainer re-forms
+        its group and pushes again) but the server goes on serving its current version. Workers that do not stage
+        (GPUs) receive during the pause instead. Then generation is paused for three engine round trips, each
+        answered between two engine steps:
         - pause: `pause_scheduler_async(mode="keep", clear_cache=True)` on the engine core. Requests in flight are
           frozen, and the prefix cache is reset with `reset_running_requests`, so their KV is recomputed with the new
-          weights after the resume (no engine step runs while paused, so nothing is cached in between).
+          weights after the resume (no engine step runs while paused, so nothing is cached in between). With
+          `kv_after_update="keep"` nothing is cleared: running requests go on with their KV (computed by the old
+          weights), and the version salt of the prefix cache (`generate`) keeps later requests off the old blocks.
           `AsyncLLM.pause_generation` would add a fixed 20 ms sleep, only to order the front end's last outputs
           before its return. The token versions are attached in the engine core, so that order does not matter here.
-        - `asyncrl_update_weights` in every worker: vLLM's own start → receive → finish session in one call;
+        - `asyncrl_update_weights` in every worker: vLLM's own start → load (the staged buckets, or the broadcast
+          received now) → finish session in one call;
         - the new version label, then resume.
-        The returned `phases` are the seconds each took (`worker0_*`: the first worker's own steps; `worker0_fast_reload`
-        is 1.0 where its update took the fast CPU path, `asyncrl.generation.cpu_reload`).
+        Returns `seconds`, how long generation was paused (from the pause request to the resume), and `phases`: the
+        seconds each part took (`receive_s` the staged receive, generation going on, and with it the fast update's
+        preparation, `worker0_prepare_s` for `worker0_prepared_layers` linear layers; `pause_s` the wait for the
+        engine step in flight; `load_s`; `total_s` the whole update; `worker0_*` the first worker's own steps,
+        `worker0_fast_reload` 1.0 where its update took the fast CPU path, `asyncrl.generation.cpu_reload`;
+        `staged` 1.0 where the workers received before the pause).
         """
         if not self.weights_initialised:
             raise RuntimeError("weights: not initialised (POST /weights/init first)")
@@ -441,16 +482,20 @@ class GenerationEngine:
             async with self._version_changed:  # the version long polls answer now: a push of `version` has begun
                 self.updating_to = max(self.updating_to, version)
                 self._version_changed.notify_all()
-            await self.llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=True)
-            phases["pause_s"] = clock() - t0
+            staged = await self._stage_weights(version, timeout_s, phases)
+            phases["staged"] = float(staged)
+            t_pause = clock()
+            recompute = self.settings.kv_after_update == "recompute"
+            await self.llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=recompute)
+            phases["pause_s"] = clock() - t_pause
             try:
                 slack = timeout_s + RPC_SLACK_S
-                info = {"version": version, "timeout_s": timeout_s}
+                info = {"version": version, "timeout_s": timeout_s, "staged": staged}
                 per_worker = await asyncio.wait_for(
                     self.llm.collective_rpc("asyncrl_update_weights", timeout=slack, kwargs={"update_info": info}),
                     timeout=slack + RPC_SLACK_S,
                 )
-                phases["load_s"] = clock() - t0 - phases["pause_s"]
+                phases["load_s"] = clock() - t_pause - phases["pause_s"]
                 phases.update({f"worker0_{k}": float(v) for k, v in per_worker[0].items()})
                 await self.llm.update_weight_version(str(version))
             except BaseException as e:
@@ -465,11 +510,50 @@ class GenerationEngine:
             self.failed = None
             self.counters.updates += 1
             await self.llm.resume_generation()
-            seconds = clock() - t0
+            seconds = clock() - t_pause
+            phases["total_s"] = clock() - t0
         async with self._version_changed:
             self._version_changed.notify_all()
-        log.info("weights: now at version %d (%.3f s paused, %.3f s loading)", version, seconds, phases["load_s"])
+        log.info("weights: now at version %d (%.3f s received while generating, %.3f s paused, %.3f s loading)",
+                 version, phases.get("receive_s", 0.0), seconds, phases["load_s"])
         return {"version": version, "seconds": seconds, "phases": phases}
+
+    async def _stage_weights(self, version: int, timeout_s: float, phases: dict[str, float]) -> bool:
+        """Every worker receives the broadcast of `version` into staging buffers while generation goes on; True once
+        all of it has arrived, False where the workers do not stage (they receive during the pause). Raises, the
+        model untouched, when a worker's receive fails or the deadline passes."""
+        clock = asyncio.get_running_loop().time
+        t0 = clock()
+        info = {"version": version, "timeout_s": timeout_s}
+        # Each call is answered between two engine steps, and one step (a long prefill on a CPU) may take seconds:
+        # the calls wait as long as the update may, never less (a late answer would be read by the next call)
+        rpc_s = timeout_s + RPC_SLACK_S
+        replies = list(await asyncio.wait_for(
+            self.llm.collective_rpc("asyncrl_stage_weights", timeout=rpc_s, kwargs={"update_info": info}),
+            timeout=rpc_s + RPC_SLACK_S))
+        staging = [bool(r["staged"]) for r in replies]
+        if not any(staging):
+            return False
+        if not all(staging):
+            raise RuntimeError(f"weights: some workers of this engine stage the broadcast and some do not ({staging})")
+        deadline = t0 + timeout_s + RPC_SLACK_S
+        while True:
+            status = list(await asyncio.wait_for(
+                self.llm.collective_rpc("asyncrl_stage_status", timeout=rpc_s), timeout=rpc_s + RPC_SLACK_S))
+            errors = [s["error"] for s in status if s["error"]]
+            if errors:
+                raise RuntimeError(f"weights: receiving version {version} failed (the model is unchanged): {errors[0]}")
+            if all(s["done"] and s["version"] == version for s in status):
+                break
+            if clock() > deadline:
+                raise TimeoutError(f"weights: version {version} not received within {timeout_s:g} s (the model is "
+                                   "unchanged)")
+            await asyncio.sleep(STAGE_POLL_S)
+        phases["receive_s"] = clock() - t0
+        phases["worker0_stage_s"] = float(status[0]["seconds"])
+        phases["worker0_prepare_s"] = float(status[0].get("prepare_s", 0.0))
+        phases["worker0_prepared_layers"] = float(status[0].get("prepared", 0))
+        return True
 
     async def wait_version(self, after: int, timeout_s: float) -> dict[str, int]:
         """`{version, updating_to}` as soon as either is above `after` (an update to a newer version has begun, or

@@ -285,7 +285,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-cache-gib", type=float, default=0.25)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--cpu-threads", type=int, default=1,
+                   help="CPU build: unpinned OpenMP threads of the engine's worker (0: vLLM's core binding)")
+    p.add_argument("--kv-after-update", default="recompute", choices=("recompute", "keep"),
+                   help="the running requests' KV at a weight update (generation.kv_after_update)")
     p.add_argument("--work-dir", default=None, help="folder for vLLM's RPC sockets and cache")
     p.add_argument("--ready-file", default=None, help='write {"host","port","pid"} here once ready')
     p.add_argument("--log-level", default="INFO")
@@ -299,6 +303,7 @@ def serve(args: argparse.Namespace) -> None:
     settings = EngineSettings(
         model=args.model, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
         max_num_seqs=args.max_num_seqs, seed=args.seed, dtype=args.dtype, work_dir=args.work_dir,
+        cpu_threads=args.cpu_threads, kv_after_update=args.kv_after_update,
     )
 
     def on_ready(host: str, port: int) -> None:

@@ -18,6 +18,12 @@ On the CPU, for an unquantized model, only the first update takes that layerwise
 full-size weights, and every later update loads into them and re-packs each layer
 (`asyncrl.generation.cpu_reload`: 11-13 ms → ~4 ms of paused generation per update on the default job).
 
+On the CPU the broadcast is received before generation pauses (`stage`, `WeightSyncExtension.asyncrl_stage_weights`):
+a background thread receives every bucket into staging buffers while the worker goes on running engine steps and,
+where the update will take the fast path, loads and packs the linear layers ahead (`CpuWeightReload.prepare`); the
+update then applies what was staged (`AsyncrlUpdateInfo.staged`). The thread only reads the group and writes buffers,
+shadows and stand-ins that the engine's steps do not read, so the model the engine runs changes only in the pause.
+
 `WeightSyncExtension.asyncrl_update_weights` runs those three steps as one `collective_rpc` (one engine round
 trip while generation is paused), and `WeightSyncExtension.asyncrl_checksum` reports the checksum of the
 weights currently loaded (see its docstring for what is measured).
@@ -26,8 +32,9 @@ weights currently loaded (see its docstring for what is measured).
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,7 +46,7 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-from asyncrl.generation.cpu_reload import CpuWeightReload, eligible
+from asyncrl.generation.cpu_reload import CpuWeightReload, Prepared, eligible
 from asyncrl.weights.buckets import weights_checksum
 from asyncrl.weights.sync import join_group, local_ip_towards, receive_weights, shutdown_group
 
@@ -63,6 +70,20 @@ class AsyncrlInitInfo(WeightTransferInitInfo):
 class AsyncrlUpdateInfo(WeightTransferUpdateInfo):
     version: int
     timeout_s: float = 300.0
+    staged: bool = False  # load what `stage` received for this version, instead of receiving now
+
+
+@dataclass
+class _Staging:
+    """One broadcast being received into staging buffers by a background thread (`stage`)."""
+
+    version: int
+    done: threading.Event = field(default_factory=threading.Event)
+    buckets: list[list[tuple[str, torch.Tensor]]] = field(default_factory=list)
+    prepared: Prepared | None = None  # the fast update's part done ahead of the pause (`CpuWeightReload.prepare`)
+    error: str | None = None
+    seconds: float = 0.0
+    prepare_s: float = 0.0
 
 
 class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlUpdateInfo]):
@@ -83,6 +104,7 @@ class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlU
         self._reload: CpuWeightReload | None = None  # the fast CPU update, once decided eligible
         self._capturing = False  # a layerwise update is being captured for the fast ones
         self.last_update_fast = False  # whether the last update that started took the fast CPU path
+        self._staging: _Staging | None = None  # a broadcast received (or being received) ahead of its update
 
     def init_transfer_engine(self, init_info: AsyncrlInitInfo) -> None:
         import datetime
@@ -146,13 +168,87 @@ class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlU
                 received.extend(items)
 
         self.received, self._received_checksum, self.received_version = None, None, None
-        manifest = receive_weights(self.pg, self.device, float(update_info.timeout_s), load)
-        if manifest.version != update_info.version:
-            raise RuntimeError(
-                f"asyncrl weight transfer: trainer sent version {manifest.version}, server expected {update_info.version}"
-            )
-        self.received_version = manifest.version
+        if update_info.staged:
+            staging = self._take_staged(update_info)
+            if staging.prepared is not None and fast is not None and self.last_update_fast:
+                fast.apply_prepared(staging.prepared)  # linear layers loaded and packed ahead of the pause
+                fast.load(staging.prepared.rest)
+                if keep:
+                    received.extend(item for items in staging.buckets for item in items)
+            else:
+                for items in staging.buckets:
+                    load(items)
+        else:
+            manifest = receive_weights(self.pg, self.device, float(update_info.timeout_s), load)
+            if manifest.version != update_info.version:
+                raise RuntimeError(f"asyncrl weight transfer: trainer sent version {manifest.version}, server "
+                                   f"expected {update_info.version}")
+        self.received_version = update_info.version
         self.received = received if keep else None
+
+    # ---- receiving ahead of the update (CPU) -------------------------------------------------------------------
+    def stage(self, update_info: AsyncrlUpdateInfo) -> None:
+        """Start receiving the broadcast of `update_info.version` into staging buffers in a background thread, and
+        return at once: the model is not touched, so the engine goes on generating meanwhile. An update with
+        `staged=True` then loads what arrived (`receive_weights`). The buckets are the buffers the update would have
+        received into anyway (on the CPU they are kept for `received_checksum`), so staging costs no extra memory."""
+        if self.pg is None:
+            raise RuntimeError("asyncrl weight transfer: not initialised (POST /weights/init first)")
+        if self._staging is not None and not self._staging.done.is_set():
+            raise RuntimeError(f"asyncrl weight transfer: the staged receive of version {self._staging.version} is "
+                               "still running")
+        staging = self._staging = _Staging(int(update_info.version))
+        pg, device, timeout_s = self.pg, self.device, float(update_info.timeout_s)
+        fast = self._fast_reload()
+        fast = fast if fast is not None and fast.ready and not self._capturing else None  # the update will be fast
+
+        def run() -> None:
+            t0 = time.monotonic()
+            try:
+                manifest = receive_weights(pg, device, timeout_s, staging.buckets.append)
+                if manifest.version != staging.version:
+                    raise RuntimeError(f"trainer sent version {manifest.version}, server expected {staging.version}")
+                staging.seconds = time.monotonic() - t0
+                if fast is not None:
+                    try:
+                        staging.prepared = fast.prepare([item for items in staging.buckets for item in items])
+                    except Exception:  # an optimisation only: the update then loads and packs in the pause
+                        log.exception("asyncrl weight transfer: preparing version %d ahead of the pause failed",
+                                      staging.version)
+                    staging.prepare_s = time.monotonic() - t0 - staging.seconds
+            except BaseException as e:  # noqa: BLE001 - reported by stage_status and by the update that applies it
+                staging.error = f"{type(e).__name__}: {e}"
+                staging.buckets, staging.prepared = [], None
+                staging.seconds = time.monotonic() - t0
+            finally:
+                staging.done.set()
+
+        threading.Thread(target=run, name=f"asyncrl-stage-v{staging.version}", daemon=True).start()
+
+    def stage_status(self) -> dict[str, Any]:
+        """{version, done, error, seconds, prepare_s, prepared} of the latest staged receive (version None: none
+        started): `seconds` the receive, `prepare_s` the fast update's preparation after it, `prepared` the linear
+        layers it prepared."""
+        st = self._staging
+        if st is None:
+            return {"version": None, "done": False, "error": None, "seconds": 0.0, "prepare_s": 0.0, "prepared": 0}
+        return {"version": st.version, "done": st.done.is_set(), "error": st.error, "seconds": st.seconds,
+                "prepare_s": st.prepare_s, "prepared": len(st.prepared.stand_ins) if st.prepared else 0}
+
+    def _take_staged(self, update_info: AsyncrlUpdateInfo) -> _Staging:
+        """The staged receive of `update_info.version` (waiting up to its deadline for it to end); raises when there
+        is none, it is of another version, or it failed. It is taken: staged once, applied once."""
+        st, self._staging = self._staging, None
+        if st is None or st.version != update_info.version:
+            raise RuntimeError(f"asyncrl weight transfer: no staged weights of version {update_info.version} "
+                               f"(staged: {None if st is None else st.version})")
+        if not st.done.wait(float(update_info.timeout_s)):
+            raise RuntimeError(f"asyncrl weight transfer: the staged receive of version {st.version} did not end "
+                               f"within {update_info.timeout_s} s")
+        if st.error is not None:
+            raise RuntimeError(f"asyncrl weight transfer: the staged receive of version {st.version} failed: "
+                               f"{st.error}")
+        return st
 
     def received_checksum(self) -> dict[str, int | float] | None:
         """The checksum of the tensors the last update loaded, as they arrived; None before the first update, and
@@ -185,8 +281,9 @@ class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlU
 
     def shutdown(self) -> None:
         pg, self.pg = self.pg, None
-        shutdown_group(pg)
+        shutdown_group(pg)  # a staged receive still running on it fails now
         self.store = None
+        self._staging = None
 
 
 def reprocess_shared_weight_layers(model: torch.nn.Module) -> list[str]:
@@ -226,6 +323,23 @@ class WeightSyncExtension:
         engine = getattr(self, "weight_transfer_engine", None)
         fast = float(getattr(engine, "last_update_fast", False))
         return {"start_s": t1 - t0, "receive_s": t2 - t1, "finish_s": time.monotonic() - t2, "fast_reload": fast}
+
+    def asyncrl_stage_weights(self, update_info: dict[str, Any]) -> dict[str, float]:
+        """Start receiving the next broadcast in the background (`AsyncrlWeightTransferEngine.stage`) and return at
+        once, generation going on; `staged` 0.0 where this worker does not stage (a GPU: the broadcast is fast
+        there, and staging would hold a second copy of the weights in device memory) and receives in the update."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        if not isinstance(engine, AsyncrlWeightTransferEngine) or engine.device.type != "cpu":
+            return {"staged": 0.0}
+        engine.stage(engine.parse_update_info(update_info))
+        return {"staged": 1.0}
+
+    def asyncrl_stage_status(self) -> dict[str, Any]:
+        """The staged receive's {version, done, error, seconds} (`AsyncrlWeightTransferEngine.stage_status`)."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        if not isinstance(engine, AsyncrlWeightTransferEngine):
+            raise RuntimeError("asyncrl weight transfer: not configured in this worker")
+        return engine.stage_status()
 
     def asyncrl_checksum(self) -> dict[str, Any]:
         """Checksum of the weights in this worker.

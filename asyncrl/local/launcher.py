@@ -50,7 +50,7 @@ from asyncrl.run.summary import (
     training_summary,
     weights_in_sync,
 )
-from asyncrl.storage.eval_points import unseen_points
+from asyncrl.storage.eval_points import eval_times, unseen_points
 from asyncrl.storage.run_layout import RunPaths, run_url
 from asyncrl.storage.s3 import S3Store
 from asyncrl.tiny_model.prepare import resolve_model_path
@@ -214,8 +214,11 @@ class EmbeddedRun:
             if isinstance(doc, dict):
                 latest = doc
                 m = doc.get("metrics", {})
-                if doc["version"] != shown and m:
-                    shown = doc["version"]
+                # a document written ahead of its push still carries the previous step's figures: print a step's
+                # line with that step's own figures, once
+                described = int(doc.get("metrics_version", doc["version"]))
+                if described != shown and m:
+                    shown = described
                     _print(f"step {shown:>4}/{steps}  reward {m['reward/mean']:.3f}  acc {m['reward/accuracy']:.3f}  "
                            f"loss {m.get('train/loss', float('nan')):+.4f}  staleness {m['staleness/mean']:.2f}"
                            f"/{int(m['staleness/max'])}  {m['throughput/samples_per_s']:.1f} samples/s  "
@@ -321,6 +324,7 @@ class EmbeddedRun:
         t_train = time.monotonic()  # train_wall_s: from the servers being ready to the run's end
         latest = self.follow(store)
         train_wall = time.monotonic() - t_train
+        started = time.time() - (time.monotonic() - t_start)  # the launcher's start, wall clock
         gen_docs = final_group(latest) or gen_docs  # the servers that got the last push (restarts move them)
         checksums = self.server_checksums(gen_docs)
         in_sync = weights_in_sync(checksums, latest)
@@ -328,6 +332,8 @@ class EmbeddedRun:
             **training_summary(store, self.paths, self.url, cfg.training.steps, latest),
             "wall_s": time.monotonic() - t_start,
             "train_wall_s": train_wall,
+            # when each held-out point was recorded, in seconds since `asyncrl run` started (engine start included)
+            "eval_curve_wall_s": {str(v): round(t - started, 1) for v, t in eval_times(store, self.paths).items()},
             "weights_in_sync": in_sync,
             "server_checksums": checksums,
             "num_generation_servers": cfg.generation.num_servers,

@@ -26,7 +26,7 @@ MAX_TASK_CHARS = 128
 MAX_BATCH_ITEMS = 4096
 """Score requests in one `/score_batch` body."""
 ITEM_STATUS_REFUSED = 422
-"""The per-item status of a refused item (no string `metadata.answer`, unknown task)."""
+"""The per-item status of a refused item (no string `metadata.answer`, a task other than the run's `task.name`)."""
 ITEM_STATUS_FAILED = 500
 """The per-item status of an item whose scoring failed on the server (a verifier bug): transient for the client."""
 

@@ -1,13 +1,14 @@
-"""Rule-based reward for the single-turn tasks (arithmetic, jsonl): exact match of the response against the answer.
+"""The exact-match verifier (`task.verifier: exact`, the default of arithmetic and jsonl): the response against the
+answer.
 
-Owns `score`, the function the reward role serves. Pure: no I/O, no model.
+Owns `score`, the function the reward role serves for it. Pure: no I/O, no model.
 
 Invariants:
 - the response is cut at the first end-of-sequence marker (EOS_TEXT) if there is one; spaces are
   stripped from both ends of what remains and of the answer;
 - reward is 1.0 iff what remains equals the answer exactly, else 0.0 (never partial credit);
-- one rule for every task in KNOWN_TASKS: a jsonl row's answer is matched exactly like an arithmetic answer;
-- an unknown task name raises ValueError naming it.
+- one rule whatever the task: the verifier choice (`asyncrl.rewards.custom.scorer_for`), not the task name, decides
+  that a task is scored by exact match; `task` is not read.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from typing import Any
 EOS_TEXT = "<eos>"
 """The end-of-sequence token's text, as the built-in tokenizer writes it (asyncrl.models.tokenizer)."""
 
-KNOWN_TASKS = ("arithmetic", "jsonl")
-
 
 def parse_response(response_text: str) -> str:
     """The part of a response the verifier compares: up to the first EOS marker, spaces stripped."""
@@ -26,13 +25,11 @@ def parse_response(response_text: str) -> str:
 
 
 def score(task: str, response_text: str, answer: str) -> tuple[float, dict[str, Any]]:
-    """Reward 1.0 iff the response, up to EOS and without surrounding spaces, is exactly `answer`.
+    """Reward 1.0 iff the response, up to EOS and without surrounding spaces, is exactly `answer` (any `task`).
 
     Returns (reward, details) where details = {"parsed": str, "expected": str, "correct": bool,
     "reason": "correct" | "empty" | "mismatch"}.
     """
-    if task not in KNOWN_TASKS:
-        raise ValueError(f"task: expected one of {list(KNOWN_TASKS)}, got {task!r}")
     parsed = parse_response(response_text)
     expected = answer.strip(" ")
     correct = parsed == expected

@@ -4,7 +4,8 @@ A role is started as `python -m asyncrl.roles.<role> --run-url s3://bucket/prefi
 and credentials come from the standard environment (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`,
 `AWS_SECRET_ACCESS_KEY`), never from arguments, so no secret shows in a process list or a pipeline parameter.
 The resolved `RunConfig` is read from `config.json` under the run, the model folder from `model.json` (a role never
-builds or chooses a model: `asyncrl.models.folder`); rendezvous documents (address, port, epoch)
+builds or chooses a model: `asyncrl.models.folder`), a reasoning_gym or file task's rows from the run's copy under
+`data/` (`load_task_data`: a role never reads the user's files or runs reasoning-gym); rendezvous documents (address, port, epoch)
 live under `rendezvous/<role>/<id>.json`.
 """
 
@@ -112,6 +113,18 @@ class RoleContext:
         (fetched into the cache when it lives in S3). A role never builds or chooses a model."""
         return run_model_folder(self.store, self.paths, self.cfg.cache_dir, self.store.endpoint_url,
                                 self.cfg.storage.region)
+
+    def load_task_data(self) -> None:
+        """Fetch the run's copy of a reasoning_gym or file task's rows once, so that `load_split` in this process
+        serves exactly those (`asyncrl.tasks.run_copy`); nothing for other tasks. SystemExit naming the key when the
+        copy is missing or damaged."""
+        from asyncrl.tasks.jsonl import DatasetError
+        from asyncrl.tasks.run_copy import load_run_copy
+
+        try:
+            load_run_copy(self.store, self.paths, self.cfg)
+        except DatasetError as err:
+            raise SystemExit(f"{self.role}: {err}") from None
 
     # ---- rendezvous ----------------------------------------------------------------------------------
     def publish(self, doc: dict[str, Any]) -> None:

@@ -63,7 +63,8 @@ async def run_environment(ctx: RoleContext) -> None:
         driver = RolloutDriver(ctx, gens, reward, kind)
         evaluator = None
         if cfg.eval.every_steps and ctx.role_id == FIRST_WRITER:  # held-out curves: one writer evaluates
-            evaluator = PeriodicEval(ctx, [base_url(d) for d in gen_docs], load_tokenizer(ctx.model_folder()))
+            folder = ctx.model_folder()
+            evaluator = PeriodicEval(ctx, [base_url(d) for d in gen_docs], load_tokenizer(folder), folder)
         # the start-up's objects (imports, tokenizer, datasets: ~500k) out of the cyclic collector's reach: with
         # thousands of samples in flight, full collections walking them took 18-42% of this process's CPU
         gc.freeze()
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     args = role_arg_parser("environment").parse_args(argv)
     setup_logging(args.log_level, "environment", args.id)
     ctx = RoleContext.from_args("environment", args)
+    ctx.load_task_data()  # a reasoning_gym or file task: the run's copy of its rows, before any split is read
     signals = StopSignal()
     code = 0
     with ctx.heartbeat() as heartbeat:

@@ -11,6 +11,7 @@ Run: `python -m asyncrl.roles.generation --run-url s3://bucket/prefix/run_id --i
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -19,6 +20,7 @@ from safetensors.torch import save_file
 
 from asyncrl.config.schema import GenerationConfig
 from asyncrl.generation.engine import EngineSettings, GenerationEngine
+from asyncrl.generation.kv_budget import kv_cache_warning
 from asyncrl.generation.parallel import check_model_folder
 from asyncrl.generation.server import run_server
 from asyncrl.roles.context import (
@@ -82,9 +84,23 @@ def engine_settings(g: GenerationConfig, model: str, index: int, version: int) -
     """The engine of generation replica number `index` of a run whose generation section is `g`."""
     return EngineSettings(
         model=model, max_model_len=g.max_model_len, kv_cache_gib=g.kv_cache_gib, max_num_seqs=g.max_num_seqs,
-        seed=g.seed + index, dtype="float32", cpu_threads=g.cpu_threads, ring_poll_s=g.ring_poll_s,
-        initial_version=version, tensor_parallel_size=g.tensor_parallel_size,
+        seed=g.seed + index, dtype=g.dtype, cpu_threads=g.cpu_threads, ring_poll_s=g.ring_poll_s,
+        initial_version=version, tensor_parallel_size=g.tensor_parallel_size, kv_after_update=g.kv_after_update,
     )
+
+
+def warn_small_kv_cache(g: GenerationConfig, model: Path) -> str | None:
+    """Log (and return) `asyncrl.generation.kv_budget`'s warning when the KV cache cannot hold `max_num_seqs` whole
+    sequences of this model; None when it can, or when the model's config.json does not say."""
+    try:
+        model_config = json.loads((model / "config.json").read_text())
+        warning = kv_cache_warning(model_config, g.dtype, g.kv_cache_gib, g.max_num_seqs, g.max_model_len)
+    except (OSError, ValueError) as err:
+        log.info("KV cache size not checked: %s", err)
+        return None
+    if warning:
+        log.warning("%s", warning)
+    return warning
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -102,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         raise SystemExit(f"generation[{args.id}]: {err}") from None
     settings = engine_settings(g, str(model), instance_index(args.id), version)
+    warn_small_kv_cache(g, model)
     signals = StopSignal()
     code = 0
     with ctx.heartbeat() as heartbeat:

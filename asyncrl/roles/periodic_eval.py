@@ -24,10 +24,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from asyncrl.evaluation.agentic import evaluate_agentic
 from asyncrl.evaluation.single_turn import evaluate
+from asyncrl.models.prompts import prompt_format, stop_token_ids
 from asyncrl.rewards.custom import scorer_for
 from asyncrl.roles.context import RoleContext
 from asyncrl.storage.eval_points import eval_key
@@ -59,23 +61,30 @@ def point_metrics(result: dict[str, Any], wall_s: float, attempts: int) -> dict[
 
 
 class PeriodicEval:
-    def __init__(self, ctx: RoleContext, server_urls: list[str], tokenizer: Any) -> None:
+    def __init__(self, ctx: RoleContext, server_urls: list[str], tokenizer: Any,
+                 model_folder: Path | None = None) -> None:
         self.ctx, self.cfg = ctx, ctx.cfg
         self.every, self.attempts = self.cfg.eval.every_steps, self.cfg.eval.attempts
         self.server_urls, self.tokenizer = server_urls, tokenizer
+        self.prompt = prompt_format(self.cfg, tokenizer) if self.cfg.env is None else None
+        self.stop_ids = stop_token_ids(tokenizer, model_folder, chat=self.prompt is not None and
+                                       self.prompt.format == "chat")
         self.problems = load_split(self.cfg.task, "eval") if self.cfg.env is None else []
         self.recorded: set[int] = set()
         self.points = 0
 
     async def evaluate_once(self) -> dict[str, Any]:
         cfg, tag = self.cfg, f"periodic-eval-{self.points}"
+        # an eval request waits for its whole answer, like a rollout request: long answers on a busy engine take
+        # longer than one HTTP exchange (timeouts.http_s)
+        deadline = max(cfg.timeouts.http_s, cfg.rollout.request_timeout_s)
         if cfg.env is not None:
-            return await evaluate_agentic(self.server_urls, cfg, self.tokenizer, timeout_s=cfg.timeouts.http_s, tag=tag)
+            return await evaluate_agentic(self.server_urls, cfg, self.tokenizer, timeout_s=deadline, tag=tag)
         return await evaluate(self.server_urls, self.problems, self.tokenizer, task=cfg.task.name,
-                              max_new_tokens=cfg.rollout.max_new_tokens, timeout_s=cfg.timeouts.http_s, tag=tag,
-                              scorer=scorer_for(cfg.task.reward), pass_k=cfg.eval.pass_k,
+                              max_new_tokens=cfg.rollout.max_new_tokens, timeout_s=deadline, tag=tag,
+                              scorer=scorer_for(cfg.task), pass_k=cfg.eval.pass_k,
                               pass_k_problems=cfg.eval.pass_k_prompts, temperature=cfg.rollout.temperature,
-                              top_p=cfg.rollout.top_p)
+                              top_p=cfg.rollout.top_p, prompt=self.prompt, stop_ids=self.stop_ids)
 
     async def trainer_version(self) -> int:
         doc = await asyncio.to_thread(self.ctx.store.get_json, self.ctx.paths.versions_latest())

@@ -1,11 +1,12 @@
-"""The reward role: `POST /score` (one response) and `POST /score_batch` (many) scored with the task's verifier, or
-the run's own reward function (`task.reward`, `asyncrl.rewards.custom`).
+"""The reward role: `POST /score` (one response) and `POST /score_batch` (many) scored with the task's verifier
+(`task.verifier`: exact match or the math verifier) or the run's own reward function (`task.reward`), as
+`asyncrl.rewards.custom.scorer_for` picks.
 
 `/score` {task, prompt, response, metadata} → {reward, details}, or 422 for a refusal. `/score_batch`
 {items: [score request, ...]} → {results: [...]}, one result per item in order, each {reward, details} or
-{error: {status, detail}}: an item's refusal (no string `metadata.answer`, unknown task) is that item's result and
-never fails the others; a body that does not validate as a whole is 422 naming the field (`items.3.task`). The
-contract and its limits are in `asyncrl.rewards.api` (docs/reward_api.md).
+{error: {status, detail}}: an item's refusal (no string `metadata.answer`, a task other than the run's `task.name`)
+is that item's result and never fails the others; a body that does not validate as a whole is 422 naming the field
+(`items.3.task`). The contract and its limits are in `asyncrl.rewards.api` (docs/reward_api.md).
 
 Stateless; any number of instances may run. `GET /health` answers liveness and the counters. Every route needs
 `Authorization: Bearer $ASYNCRL_ROLE_TOKEN` (401 without, 403 wrong) and bodies over `MAX_BODY_BYTES` get 413
@@ -79,8 +80,8 @@ class Refused(Exception):
 
 
 def score_item(req: ScoreRequest, scorer: Scorer = builtin_scorer) -> tuple[float, dict[str, Any]]:
-    """The reward and details of one request by `scorer` (the run's `task.reward`, else the built-in verifier);
-    `Refused` when it has no string `metadata.answer` or an unknown task. Any other exception is a verifier (or
+    """The reward and details of one request by `scorer` (`scorer_for` the run's task); `Refused` when it has no
+    string `metadata.answer` or the scorer refuses its task (ValueError). Any other exception is a verifier (or
     reward function) bug and propagates."""
     answer = req.metadata.get("answer")
     if not isinstance(answer, str):
@@ -191,7 +192,7 @@ async def serve(ctx: RoleContext, sock: socket.socket, advertise: str, on_done: 
 
     async with watched(ctx, on_done, heartbeat, lambda: numeric_metrics(stats)) as (stop, over):
         app = create_app(stats, token=token, body_timeout_s=ctx.cfg.timeouts.http_s,
-                         scorer=scorer_for(ctx.cfg.task.reward))
+                         scorer=scorer_for(ctx.cfg.task))
         await serve_app(app, sock, ready, stop, signals)
     return over[0] if over else None
 

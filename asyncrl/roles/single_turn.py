@@ -6,7 +6,10 @@ Owns (for the `RolloutDriver`, which owns the scheduler, the writing and the loo
 - the requests of each sample: one, or several with `partial_rollout: resubmit` (a request aborted for a weight
   update is re-sent with its partial tokens appended), each with its own seed and the sample's decode budget
   (`rollout.length_tail`);
-- scoring: each finished sample is scored at once through the reward role;
+- scoring: each finished sample is scored at once through the reward role, then `rollout.overlong` applies to it
+  (`asyncrl.rollout.overlong`: a truncated sample's loss mask zeroed, or the soft length penalty added to the reward)
+  before the scheduler sees its reward; the multi-turn path (`asyncrl.roles.agentic`) does not apply it; each scored
+  sample's details are counted (`asyncrl.rewards.components`: `reward/correct`, `reward/format` in the metrics);
 - the samples of each live group, until the driver emits or drops it.
 
 Invariants:
@@ -29,10 +32,13 @@ from typing import Any
 
 from asyncrl.config import RunConfig
 from asyncrl.generation.client import Generated
-from asyncrl.models.tokenizer import decode_response, encode_prompt, load_tokenizer
+from asyncrl.models.prompts import prompt_format, stop_token_ids
+from asyncrl.models.tokenizer import decode_response, load_tokenizer
+from asyncrl.rewards.components import RewardComponents
 from asyncrl.roles.context import instance_index
 from asyncrl.roles.generation_servers import log_lost
 from asyncrl.roles.rollout_driver import ROLE_LOGGER, RolloutDriver, sample_seed
+from asyncrl.rollout.overlong import OverlongShaper
 from asyncrl.rollout.scheduler import DropGroup, DropSample, EmitGroup, Start
 from asyncrl.rollout.workload import decode_budget, loss_mask_to_first_eos
 from asyncrl.rpc.http import RemoteError
@@ -111,10 +117,16 @@ class SingleTurnKind:
         cfg = driver.cfg
         self.driver, self.cfg, self.sched, self.gens = driver, cfg, driver.sched, driver.gens
         self.problems = load_split(cfg.task, "train")
-        self.tokenizer = load_tokenizer(driver.ctx.model_folder())
+        folder = driver.ctx.model_folder()
+        self.tokenizer = load_tokenizer(folder)
         self.eos_id = int(self.tokenizer.eos_token_id)
+        self.prompt_format = prompt_format(cfg, self.tokenizer)
+        self.stop_ids = stop_token_ids(self.tokenizer, folder, chat=self.prompt_format.format == "chat")
         self.problems, self.skipped_long_prompts = prompts_that_fit(cfg, self.tokenizer, self.problems)
         self.prompts = prompt_stream(len(self.problems), cfg.task.seed + 7919 * instance_index(driver.ctx.role_id))
+        ro = cfg.rollout
+        self.overlong = OverlongShaper(ro.overlong, ro.max_new_tokens, ro.overlong_cache_tokens)
+        self.components = RewardComponents()  # the reward role's details of each scored sample, counted
         for _ in range(driver.written_before):
             next(self.prompts)
         self.pending: dict[str, _Pending] = {}
@@ -122,7 +134,7 @@ class SingleTurnKind:
     # ---- admission and decisions ---------------------------------------------------------------------
     def next_group(self, seq: int) -> _Pending:
         problem = self.problems[next(self.prompts)]
-        return _Pending(problem, encode_prompt(self.tokenizer, problem.prompt), seq)
+        return _Pending(problem, self.prompt_format.ids(problem.prompt), seq)
 
     def admitted(self, group_id: str, record: _Pending) -> None:
         self.pending[group_id] = record
@@ -152,7 +164,7 @@ class SingleTurnKind:
         traj = pending.trajectories.setdefault(
             d.sample_index, _Trajectory(sample_budget(self.cfg, pending.seq, d.sample_index)))
         remaining = traj.budget - len(traj.token_ids)
-        ended = ro.length_tail is None and self.eos_id in traj.token_ids
+        ended = ro.length_tail is None and any(t in self.stop_ids for t in traj.token_ids[-1:])
         try:
             if remaining > 0 and not ended:
                 out = await self.gens[d.server].generate(
@@ -160,7 +172,7 @@ class SingleTurnKind:
                     temperature=ro.temperature, top_p=ro.top_p,
                     seed=sample_seed(self.cfg.generation.seed + 1009 * d.turn, pending.seq, d.sample_index,
                                      ro.samples_per_prompt),
-                    stop_token_ids=[] if ro.length_tail else [self.eos_id], ignore_eos=ro.length_tail is not None,
+                    stop_token_ids=[] if ro.length_tail else self.stop_ids, ignore_eos=ro.length_tail is not None,
                     timeout_s=ro.request_timeout_s, min_version=d.start_version,
                 )
             else:  # a resubmit raced the end of the request: nothing left to decode
@@ -182,8 +194,8 @@ class SingleTurnKind:
     async def score(self, d: Start, pending: _Pending, traj: _Trajectory) -> None:
         text = decode_response(self.tokenizer, traj.token_ids)
         try:
-            reward, _ = await self.driver.reward.score(self.cfg.task.name, pending.problem.prompt, text,
-                                                       {"answer": pending.problem.answer})
+            reward, details = await self.driver.reward.score(self.cfg.task.name, pending.problem.prompt, text,
+                                                             {"answer": pending.problem.answer})
             sample = Sample(
                 group_id=d.group_id, sample_index=d.sample_index, prompt_token_ids=pending.prompt_ids,
                 token_ids=traj.token_ids, logprobs=traj.logprobs, token_versions=traj.versions,
@@ -192,17 +204,19 @@ class SingleTurnKind:
                 loss_mask=loss_mask_to_first_eos(traj.token_ids, self.eos_id) if self.cfg.rollout.length_tail else None,
             )
             sample.validate()
+            reward = self.overlong.apply(sample)  # rollout.overlong: its reward and loss mask, in place
         except (RemoteError, ValueError) as err:
             self.driver.count_failure("score", d, err)
             await self.driver.apply(self.sched.sample_failed(d.group_id, d.sample_index))
             return
         pending.samples[d.sample_index] = sample
         self.driver.sample_finished(reward)
+        self.components.add(details)  # reward/correct, reward/format in this writer's rollout metrics
         await self.driver.apply(self.sched.sample_scored(d.group_id, d.sample_index, reward))
 
     # ---- metrics and shutdown ------------------------------------------------------------------------
     def extra_metrics(self) -> dict[str, float]:
-        return {}
+        return {**self.overlong.metrics(), **self.components.metrics()}
 
     def extra_stats(self) -> dict[str, Any]:
         return {}

@@ -77,7 +77,6 @@ from asyncrl.training.policy import Snapshot
 from asyncrl.training.process_group import launcher_world_size
 from asyncrl.training.staleness import split_stale
 from asyncrl.types import Group
-from asyncrl.weights.sync import weights_checksum
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +174,7 @@ class TrainingRunner:
         if self.version > 0:
             self.push(weights)  # resumed: the servers started from the warm start, bring them to this version
         else:
-            self.report.checksum = weights_checksum(weights)  # servers load the same folder
+            self.report.checksum = self.weights.checksum(weights)  # servers load the same folder, in their dtype
         self.report.publish(self.version, {})
 
     # ---- one step (every rank) -----------------------------------------------------------------------------

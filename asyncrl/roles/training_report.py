@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from asyncrl.rewards.components import combined_shares
 from asyncrl.roles.context import RoleContext
 from asyncrl.roles.role_metrics import heartbeat_metrics, instance_figures, read_heartbeats
 from asyncrl.roles.step_reporter import Figures, StepReporter
@@ -35,6 +36,7 @@ from asyncrl.tracking.mlflow_calls import REQUEST_TIMEOUT_S
 from asyncrl.tracking.mlflow_tracker import Tracker
 from asyncrl.tracking.spool import MetricSpool
 from asyncrl.tracking.spooling_log import SpoolingLog
+from asyncrl.training.length_metrics import response_length_metrics
 from asyncrl.training.policy import Snapshot
 from asyncrl.training.staleness import staleness_histogram, staleness_stats
 from asyncrl.types import Group
@@ -55,6 +57,7 @@ class Counters:
         d = d or {}
         self.groups_trained = int(d.get("groups_trained", 0))
         self.samples_trained = int(d.get("samples_trained", 0))
+        self.tokens_trained = int(d.get("tokens_trained", 0))  # response tokens with loss mask 1
         self.groups_dropped_stale = int(d.get("groups_dropped_stale", 0))
         # objects the reader moved aside or skipped in earlier attempts of the run (a resume starts a new reader)
         self.quarantined_objects = int(d.get("quarantined_objects", 0))
@@ -114,6 +117,7 @@ class TrainingReport:
         self.counters = Counters()
         self.checksum: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
+        self.last_metrics_version = 0  # the version whose step produced last_metrics
         # monotonic time of the last step counted in this process; None until the first step of this (re)start,
         # which is never steady (its wait includes filling the rollout pipeline)
         self._last_step_end: float | None = None
@@ -160,6 +164,7 @@ class TrainingReport:
         stale = staleness_stats(kept, step)
         c.groups_trained += len(kept)
         c.samples_trained += n_samples
+        c.tokens_trained += int(r.train_metrics.get("tokens", 0))
         c.groups_dropped_stale += len(dropped)
         c.samples_dropped_stale += sum(len(g.samples) for g in dropped)
         c.staleness_sum += stale["staleness_mean"] * n_samples
@@ -189,6 +194,8 @@ class TrainingReport:
             "storage/requests_total": self.ctx.store.stats.requests_total(),  # the trainer's (rank 0's) S3 requests
             "storage/get_missing_total": self.ctx.store.stats.missing_gets(),
             "throughput/samples_per_s": n_samples / step_s,
+            # trained tokens (loss mask 1, every rank's) per second of the step's train time (0 in a critic warm-up step)
+            "throughput/train_tokens_per_s": r.train_metrics.get("tokens", 0.0) / r.train_s if r.train_s > 0 else 0.0,
             "time/wait_s": r.taken.wait_s,
             "time/wait_cpu_s": r.taken.wait_cpu_s,
             "time/train_s": r.train_s,
@@ -202,6 +209,7 @@ class TrainingReport:
                 metrics[f"staleness/{k}"] = float(v)
         for lag, count in staleness_histogram(kept, step, self.cfg.rollout.async_ratio).items():
             metrics[f"staleness/hist_{lag}"] = float(count)
+        metrics.update(response_length_metrics(kept, self.cfg.rollout.overlong))
         metrics.update(self.weights.metrics())
         if self.tracking is not None:
             metrics.update(self.tracking.counters())
@@ -234,6 +242,7 @@ class TrainingReport:
                     per_writer.setdefault(writer, {})[k] = float(v)
                 elif k != "rollout/version":
                     summed[k] = summed.get(k, 0.0) + float(v)
+        summed.update(combined_shares(summed))  # reward/correct, reward/format: shares over all writers, not sums
         return summed, per_writer
 
     def publish(self, version: int, metrics: dict[str, float], kept_by_writer: dict[str, int] | None = None) -> None:
@@ -241,17 +250,19 @@ class TrainingReport:
         step under way, left out of `consumed`, so that consumed − trained is exactly what was dropped as stale and
         a writer whose whole window went stale may admit again instead of waiting for a step that cannot fill."""
         kept = kept_by_writer or {}
-        self.last_metrics = metrics
+        self.last_metrics, self.last_metrics_version = metrics, version
         consumed = {w: n - kept.get(w, 0) for w, n in self.groups.cursors.items()}
-        doc = self._latest_doc(version, consumed, self.counters.trained_by_writer, self.checksum, metrics)
+        doc = self._latest_doc(version, consumed, self.counters.trained_by_writer, self.checksum, metrics, version)
         self.ctx.store.put_json(self.ctx.paths.versions_latest(), doc)
 
     def _latest_doc(self, version: int, consumed: dict[str, int], trained: dict[str, int],
-                    checksum: dict[str, float], metrics: dict[str, float]) -> dict[str, Any]:
-        """The `versions/latest.json` document (`publish`, `publish_ahead`)."""
+                    checksum: dict[str, float], metrics: dict[str, float], metrics_version: int) -> dict[str, Any]:
+        """The `versions/latest.json` document (`publish`, `publish_ahead`). `metrics_version`: the version whose
+        step the metrics describe (the previous one in a document published ahead of its push), so a reader never
+        labels one step's figures with another's number."""
         return {"version": version, "consumed": consumed, "trained": trained, "counters": self.run_counters(),
                 "checksum": checksum, "weight_group": self.weights.document(), "metrics": metrics,
-                "time": time.time()}
+                "metrics_version": metrics_version, "time": time.time()}
 
     def publish_ahead(self, version: int, taken: Taken) -> threading.Thread:
         """Write `versions/latest.json` for `version` from a thread, while its weights are being pushed (a step that
@@ -263,7 +274,8 @@ class TrainingReport:
         trained = dict(self.counters.trained_by_writer)
         for writer, n in taken.by_writer.items():
             trained[writer] = trained.get(writer, 0) + n
-        doc = self._latest_doc(version, self.groups.cursors, trained, {}, self.last_metrics)
+        doc = self._latest_doc(version, self.groups.cursors, trained, {}, self.last_metrics,
+                               self.last_metrics_version)
 
         def put() -> None:
             try:

@@ -26,6 +26,7 @@ import torch
 
 from asyncrl.roles.context import RoleContext, base_url, poll_rendezvous
 from asyncrl.rpc.auth import auth_headers
+from asyncrl.weights.buckets import DTYPES, wire_tensors
 from asyncrl.weights.sync import WeightSender, WeightSyncError, weights_checksum
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ class WeightGroup:
         self.failed_pushes = 0
         self._last_probe = 0.0
         self._http = httpx.Client()  # one client: building one costs 30-60 ms of CPU (see WeightSender)
+        # the engines' dtype: the trainer's (float32 master) weights travel cast to it (`wire`)
+        self.wire_dtype = DTYPES[self.cfg.generation.dtype]
 
     # ---- membership ----------------------------------------------------------------------------------
     def _published(self) -> list[dict[str, Any]]:
@@ -101,11 +104,21 @@ class WeightGroup:
                                    workers_per_server=self.cfg.generation.tensor_parallel_size)
         self._form(docs)
 
+    def wire(self, weights: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        """`weights` as the engines hold them: floating-point tensors cast to `generation.dtype`."""
+        return wire_tensors(weights, self.wire_dtype)
+
+    def checksum(self, weights: list[tuple[str, torch.Tensor]]) -> dict[str, float]:
+        """The checksum of `weights` as the engines hold them (comparable with their `/weights/checksum`)."""
+        return weights_checksum(self.wire(weights))
+
     def push(self, version: int, weights: list[tuple[str, torch.Tensor]], checksum: bool = True) -> dict[str, float]:
         """Send `weights` as `version` to the servers that are alive (re-forming the group first when a server came
-        back or the last push failed); returns the weights' checksum, or {} without `checksum` (on a GPU it copies
-        every weight to the host: compute it only where it is compared)."""
+        back or the last push failed); returns the checksum of what was sent (the weights cast to
+        `generation.dtype`), or {} without `checksum` (on a GPU it copies every weight to the host: compute it only
+        where it is compared)."""
         assert self.sender is not None, "connect() first"
+        weights = self.wire(weights)
         if not self.sender.connected:
             self._reform_with_live_servers()
         elif time.monotonic() - self._last_probe > self.probe_s:

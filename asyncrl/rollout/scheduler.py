@@ -31,7 +31,13 @@ Aborts and drops:
 - a failed sample (its request, environment step or score failed) is replaced by a new sample of the same group
   (the next free sample index) while the group has replacements left (`replace_failed` per group); a group whose
   remaining samples cannot reach n is aborted (and replaced by admission); with dynamic filtering a complete group
-  whose kept rewards are all equal (no GRPO signal) is dropped and replaced.
+  whose kept rewards are all equal (no GRPO signal) is dropped and replaced (a *refill*).
+
+Bounded dynamic sampling (docs/algorithms.md §7): the refills of a step are bounded by `max_refill`·W. A step here is
+the step the next emitted group would fill: `(trained + emitted_unconsumed) // W` of this writer's slots, never
+going back (a stale drop by the trainer frees a slot, the refill count stays with the later step). While that step
+has had fewer than `max_refill`·W groups filtered, an all-equal group is dropped and replaced; past it, it is
+emitted anyway (it trains with A = 0) and counted as `refill_exhausted_groups`.
 
 Lost servers (`request_lost`, `server_returned`): a request whose server did not answer at all (connection refused
 or reset, or no answer within the request deadline) marks that server down and is re-sent, with the sample's tokens
@@ -44,7 +50,9 @@ Invariants (checked by `check_invariants`, used by the tests and the simulator):
 - samples: started = running + awaiting + finished + failed + aborted + dropped, where `running` samples have a
   request on a server (or are parked, waiting for a live server), `awaiting` ones wait for a score or an
   environment step;
-- server work equals the sum of the estimated work of the requests running on it; none is negative.
+- server work equals the sum of the estimated work of the requests running on it; none is negative;
+- refills: the groups filtered for the current refill step are at most `max_refill`·W; a group is counted
+  refill-exhausted only with dynamic filtering on, and such groups are emitted (`refill_exhausted_groups` ≤ emitted).
 """
 
 from __future__ import annotations
@@ -111,6 +119,7 @@ class SchedulerStats:
     requests_lost: int = 0  # requests whose server never answered (re-sent elsewhere)
     servers_lost: int = 0  # times a server was marked down
     servers_returned: int = 0
+    refill_exhausted_groups: int = 0  # all-equal groups emitted because their step's refills were used up
 
     @property
     def aborted_groups(self) -> int:
@@ -134,6 +143,7 @@ class SchedulerConfig:
     routing: Routing = "least_tokens"
     replicate: bool = True
     dynamic_filter: bool = False
+    max_refill: int = 2  # dynamic filtering: at most max_refill * prompts_per_step groups filtered a step
     partial_rollout: PartialRollout = "continue"
     max_new_tokens: int = 8
     writer: str = "env0"
@@ -146,7 +156,7 @@ class SchedulerConfig:
         for name in ("prompts_per_step", "group_size", "num_servers", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
-        for name in ("extra_samples", "extra_groups", "replace_failed", "incarnation"):
+        for name in ("extra_samples", "extra_groups", "replace_failed", "incarnation", "max_refill"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)}")
 
@@ -171,6 +181,8 @@ class RolloutScheduler:
         self._groups: dict[str, _Group] = {}
         self._mean_new_tokens = config.max_new_tokens / 2
         self._finished_requests = 0
+        self._refill_step = 0  # the step the filtered groups are counted for (see the module docstring)
+        self._refills = 0  # groups filtered for `_refill_step`
 
     # ---- queries ----------------------------------------------------------------------------------------------
     @property
@@ -243,6 +255,9 @@ class RolloutScheduler:
         assert s.samples_started == (c["running_samples"] + c["awaiting_samples"] + s.samples_finished
                                      + s.samples_failed + s.samples_aborted + s.samples_dropped), (s, c)
         assert finished_live <= s.samples_finished and failed_live <= s.samples_failed
+        assert self._refills <= self.cfg.max_refill * self.cfg.prompts_per_step, (self._refills, self.cfg)
+        assert s.refill_exhausted_groups <= s.emitted, s
+        assert self.cfg.dynamic_filter or s.filtered_groups == s.refill_exhausted_groups == 0, s
         work = [0.0] * self.cfg.num_servers
         reqs = [0] * self.cfg.num_servers
         for g in self._groups.values():
@@ -366,9 +381,12 @@ class RolloutScheduler:
         decisions = self._close(group, "redundant: group complete")
         rewards = {group.samples[i].reward for i in kept}
         if self.cfg.dynamic_filter and len(rewards) == 1:
-            self.stats.filtered_groups += 1
-            decisions.append(DropGroup(group.group_id, f"filtered: all {len(kept)} rewards are {rewards.pop()}"))
-            return decisions
+            if self._refill_allowed():
+                self._refills += 1
+                self.stats.filtered_groups += 1
+                decisions.append(DropGroup(group.group_id, f"filtered: all {len(kept)} rewards are {rewards.pop()}"))
+                return decisions
+            self.stats.refill_exhausted_groups += 1
         self.stats.emitted += 1
         decisions.append(EmitGroup(group.group_id, group.prompt_index, group.start_version, kept))
         return decisions + self._abort_surpassed()
@@ -411,6 +429,15 @@ class RolloutScheduler:
         return decisions
 
     # ---- internals --------------------------------------------------------------------------------------------
+    def _refill_allowed(self) -> bool:
+        """Whether an all-equal group may still be filtered (and replaced) for the step the next emitted group
+        would fill: fewer than max_refill·W filtered for it so far (module docstring)."""
+        w = self.cfg.prompts_per_step
+        step = (self.trained + self.emitted_unconsumed) // w
+        if step > self._refill_step:
+            self._refill_step, self._refills = step, 0
+        return self._refills < self.cfg.max_refill * w
+
     def _lookup(self, group_id: str, sample_index: int) -> tuple[_Group | None, _Sample | None]:
         """The live group and its sample; (group or None, None) when either is gone."""
         group = self._groups.get(group_id)

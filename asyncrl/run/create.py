@@ -7,6 +7,8 @@ Both the embedded launcher (`asyncrl run`) and the pipeline's `setup` step call 
 - `model.json` records the run's model for the roles (they never build or choose one): a folder this machine
   resolved (embedded: `asyncrl.tiny_model.prepare`), or, for a run whose roles run elsewhere, `model.path` as given
   or the built-in tiny model built here and uploaded under the run's `model/` (written once: a retry keeps it);
+- a reasoning_gym or file task's rows are materialised into the run once (`data/train.jsonl`, `data/eval.jsonl`,
+  `data/dataset.json`: `asyncrl.tasks.run_copy`), so every role reads the same rows; a retry keeps them;
 - the MLflow run is created (or joined: `join_run_id`, the run KFP's MLflow integration injects as `MLFLOW_RUN_ID`:
   that is the setup task's own run, nested under KFP's run of the whole pipeline run, so the job's run is the root
   of its chain of `mlflow.parentRunId` tags, `kfp_pipeline_run`; docs/mlflow_runs.md) with the
@@ -29,6 +31,7 @@ from asyncrl.models.folder import SOURCE_BUILT, SOURCE_PATH, model_document
 from asyncrl.run.lineage import lineage_tags, log_dataset_inputs
 from asyncrl.storage.run_layout import RunPaths, run_url
 from asyncrl.storage.s3 import ObjectExists, S3Store
+from asyncrl.tasks.run_copy import record_task_data
 
 if TYPE_CHECKING:
     from asyncrl.tracking.mlflow_tracker import Tracker
@@ -151,19 +154,22 @@ def open_tracking(store: S3Store, paths: RunPaths, cfg: RunConfig, tracking_uri:
 
 @dataclass
 class CreatedRun:
-    """What `create_run` did: whether config.json was written now, the model document, the MLflow run (or None)."""
+    """What `create_run` did: whether config.json was written now, the model document, the MLflow run (or None),
+    and the task rows' document (`data/dataset.json`, None for a task without one)."""
 
     written: bool
     model: dict[str, Any]
     tracker: Tracker | None
+    task_data: dict[str, Any] | None = None
 
 
 def create_run(store: S3Store, paths: RunPaths, cfg: RunConfig, *, tracking_uri: str, mode: str,
                tags: dict[str, str] | None = None, join_run_id: str = "",
                model_folder: Path | None = None) -> CreatedRun:
-    """Write a new run's documents (config.json, model.json, tracking.json) and open its MLflow run; see the
-    module docstring. RunExists (nothing written) when a different configuration is stored under the run id."""
+    """Write a new run's documents (config.json, model.json, the task's rows, tracking.json) and open its MLflow run;
+    see the module docstring. RunExists (nothing written) when a different configuration is stored under the run id."""
     written = write_config(store, paths, cfg)
     model = record_model(store, paths, cfg, model_folder)
+    task_data = record_task_data(store, paths, cfg)
     tracker = open_tracking(store, paths, cfg, tracking_uri, mode, tags, join_run_id)
-    return CreatedRun(written, model, tracker)
+    return CreatedRun(written, model, tracker, task_data)

@@ -86,9 +86,11 @@ def dataset_inputs(cfg: RunConfig) -> list[dict[str, Any]]:
                         split, cfg.task.name, err)
             continue
         path = cfg.task.train_path if split == "train" else cfg.task.eval_path
-        source = path if cfg.task.name == "jsonl" else f"asyncrl:{cfg.task.name}"
+        local = cfg.task.name in ("jsonl", "file")
+        source = (path if local else f"reasoning-gym:{cfg.task.dataset}" if cfg.task.name == "reasoning_gym"
+                  else f"asyncrl:{cfg.task.name}")
         out.append({"name": f"{cfg.task.name}-{split}", "digest": _digest([[p.prompt, p.answer] for p in problems]),
-                    "size": len(problems), "source_type": "local" if cfg.task.name == "jsonl" else "code",
+                    "size": len(problems), "source_type": "local" if local else "code",
                     "source": source, "context": split})
     return out
 

@@ -84,6 +84,7 @@ class SimResult:
     train_s: float = 0.0
     sync_s: float = 0.0
     servers_lost: int = 0
+    refill_exhausted_groups: int = 0  # dynamic filtering: all-equal groups emitted past max_refill
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -132,6 +133,7 @@ def build_result(sim: FinishedRun) -> SimResult:
         trainer_samples_per_s=samples / measured_s if measured_s > 0 else 0.0,
         wait_s=_mean([t[0] for t in timings]), train_s=_mean([t[1] for t in timings]),
         sync_s=_mean([t[2] for t in timings]), servers_lost=s.servers_lost,
+        refill_exhausted_groups=s.refill_exhausted_groups,
         extra={"tokens_per_step": sum(m[1] for m in measured) / max(1, n_steps),
                "objects_per_step": (tr.objects_written - w0.get("objects", 0.0)) / max(1, n_steps)})
 

@@ -35,6 +35,17 @@ def eval_figures(store: S3Store, paths: RunPaths, skip: set[int] | frozenset[int
     return out
 
 
+def eval_times(store: S3Store, paths: RunPaths) -> dict[int, float]:
+    """{version: the wall-clock time (Unix seconds) its point was recorded} for every point of the run."""
+    out: dict[int, float] = {}
+    for key in sorted(store.list_keys(paths.file(EVAL_PREFIX))):
+        name = key.rsplit("/", 1)[-1].removesuffix(".json")
+        doc = store.get_json(key) if name.isdigit() else None
+        if isinstance(doc, dict) and isinstance(doc.get("time"), int | float):
+            out[int(name)] = float(doc["time"])
+    return out
+
+
 def unseen_points(store: S3Store, paths: RunPaths, seen: set[int]) -> list[tuple[dict[str, float], int]]:
     """The points not in `seen` (added to it), as (metrics, version), oldest first: each is handed on once."""
     out = [(metrics, version) for version, metrics in eval_figures(store, paths, seen).items()]

@@ -4,6 +4,8 @@ string logic, no I/O.
 Under `<prefix>/<run_id>/` (prefix may be empty):
     config.json
     tracking.json                             MLflow tracking URI and run id
+    data/dataset.json                         a materialised task's rows: source, counts, sha256 of each split
+    data/train.jsonl, data/eval.jsonl         its splits as JSON Lines, written once before any role starts
     rendezvous/<role>/<id>.json
     groups/<writer>/<seq:012d>.parquet        written once, never rewritten
     quarantine/groups/<writer>/<seq:012d>.parquet   copy of a group object that did not decode
@@ -86,6 +88,17 @@ class RunPaths:
         """`model.json`: where the run's starting model folder is ({"path": local folder or s3:// URI, ...}),
         written by the launcher (embedded) or the pipeline's setup step before any role starts."""
         return self.file("model.json")
+
+    def task_data(self) -> str:
+        """`data/dataset.json`: the document of a reasoning_gym or file task's rows (source, parameters, and each
+        split's key, row count and sha256), written after both splits (`asyncrl.tasks.run_copy`)."""
+        return self.file("data/dataset.json")
+
+    def task_split(self, split: str) -> str:
+        """`data/train.jsonl` or `data/eval.jsonl`: one split of a materialised task as JSON Lines."""
+        if split not in ("train", "eval"):
+            raise ValueError(f"split: expected 'train' or 'eval', got {split!r}")
+        return self.file(f"data/{split}.jsonl")
 
     def model_prefix(self) -> str:
         """`<root>/model/`: the built-in tiny model's files, uploaded by the cluster's setup step."""

@@ -1,8 +1,11 @@
-"""The pre-flight check of a jsonl task's files, run by `asyncrl validate`, `build-model` and `run` before any
-process starts (the config schema cannot: a role re-validates the config on a machine without the files).
+"""The pre-flight check of a jsonl, file or reasoning_gym task's rows, run by `asyncrl validate`, `build-model` and
+`run` before any process starts (the config schema cannot: a role re-validates the config on a machine without the
+files).
 
 Owns what "the dataset can be used for this run" means:
-- both files exist and hold at least one valid row (else `DatasetError` naming the task field and the file);
+- jsonl and file: both files exist, hold the mapped fields (file) and at least one valid row each; reasoning_gym:
+  both splits can be generated (`asyncrl.tasks.materialised.prepare`, which also registers them for this process);
+  else a `DatasetError` naming the task field and the file or dataset;
 - with a tokenizer (the built-in one when model.path is empty, else the model folder's): at least one train prompt
   fits in generation.max_model_len - rollout.max_new_tokens tokens (the others are skipped by the environment
   role and counted), and, when the run evaluates on the held-out split (eval.every_steps > 0), every eval prompt does (a
@@ -23,7 +26,7 @@ from typing import Any
 
 from asyncrl.config.schema import RunConfig
 from asyncrl.tasks.arithmetic import Problem
-from asyncrl.tasks.datasets import load_split, split_path
+from asyncrl.tasks.datasets import load_split
 from asyncrl.tasks.jsonl import DatasetError
 
 log = logging.getLogger(__name__)
@@ -70,10 +73,13 @@ def _tokenizer(cfg: RunConfig) -> Any | None:
 
 
 def check_dataset(cfg: RunConfig, tokenizer: Any | None = None, use_model_tokenizer: bool = True) -> DatasetReport:
-    """Check a jsonl task's files for this run (see the module docstring); a no-op report for other tasks.
-    `tokenizer`: the one to count tokens with (default: the run's, when `use_model_tokenizer`)."""
-    if cfg.env is not None or cfg.task.name != "jsonl":
+    """Check a jsonl, file or reasoning_gym task's rows for this run (see the module docstring); a no-op report for
+    other tasks. `tokenizer`: the one to count tokens with (default: the run's, when `use_model_tokenizer`)."""
+    if cfg.env is not None or cfg.task.name not in ("jsonl", "file", "reasoning_gym"):
         return DatasetReport(0, 0)
+    from asyncrl.tasks.materialised import prepare
+
+    prepare(cfg)  # reasoning_gym, file: both splits made here and registered (generation or field errors raise)
     train, evals = load_split(cfg.task, "train"), load_split(cfg.task, "eval")
     report = DatasetReport(len(train), len(evals))
     same = {p.prompt for p in train} & {p.prompt for p in evals}
@@ -97,25 +103,34 @@ def check_dataset(cfg: RunConfig, tokenizer: Any | None = None, use_model_tokeni
 
 def _check_lengths(cfg: RunConfig, tokenizer: Any, train: list[Problem], evals: list[Problem],
                    report: DatasetReport) -> None:
-    from asyncrl.models.tokenizer import encode_prompt
+    from asyncrl.models.prompts import prompt_format
+    from asyncrl.tasks.prompt_fit import describe
 
+    fmt = prompt_format(cfg, tokenizer)
     limit = cfg.generation.max_model_len - cfg.rollout.max_new_tokens
-    within = f"generation.max_model_len - rollout.max_new_tokens = {limit} tokens"
-    train_lengths = [len(encode_prompt(tokenizer, p.prompt)) for p in train]
+    within = f"generation.max_model_len - rollout.max_new_tokens = {limit} tokens{describe(fmt)}"
+    train_lengths = [len(fmt.ids(p.prompt)) for p in train]
     report.train_too_long = sum(n > limit for n in train_lengths)
     if report.train_too_long == len(train):
-        _, path = split_path(cfg.task, "train")
-        raise DatasetError(f"task.train_path: {path}: no train prompt fits in {within} (the shortest has "
+        raise DatasetError(f"{_where(cfg, 'train')}: no train prompt fits in {within} (the shortest has "
                            f"{min(train_lengths)}); raise generation.max_model_len or shorten the prompts")
     if report.train_too_long:
-        report.warnings.append(f"task.train_path: {report.train_too_long} of {len(train)} train prompts are longer "
-                               f"than {within}; the run skips them")
+        report.warnings.append(f"{_where(cfg, 'train', with_path=False)}: {report.train_too_long} of {len(train)} train prompts are "
+                               f"longer than {within}; the run skips them")
     if not cfg.eval.every_steps:
         return
-    too_long = [(n, p.index) for p in evals if (n := len(encode_prompt(tokenizer, p.prompt))) > limit]
+    too_long = [(n, p.index) for p in evals if (n := len(fmt.ids(p.prompt))) > limit]
     if too_long:
-        _, path = split_path(cfg.task, "eval")
         n, index = max(too_long)
-        raise DatasetError(f"task.eval_path: {path}: {len(too_long)} of {len(evals)} eval prompts are longer than "
-                           f"{within} (the longest, valid row {index} counting from 0, has {n}); raise generation.max_model_len, "
-                           f"shorten them, or set eval.every_steps: 0")
+        raise DatasetError(f"{_where(cfg, 'eval')}: {len(too_long)} of {len(evals)} eval prompts are longer than "
+                           f"{within} (the longest, valid row {index} counting from 0, has {n}); raise "
+                           f"generation.max_model_len, shorten them, or set eval.every_steps: 0")
+
+
+def _where(cfg: RunConfig, split: str, with_path: bool = True) -> str:
+    """The field (and file) of a split for messages ("task.train_path: data.jsonl"), or the task for generated
+    ones."""
+    path = cfg.task.train_path if split == "train" else cfg.task.eval_path
+    if path:
+        return f"task.{split}_path: {path}" if with_path else f"task.{split}_path"
+    return f"task {cfg.task.name} ({split} split)"

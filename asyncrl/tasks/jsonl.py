@@ -1,6 +1,7 @@
 """A user dataset of verifiable problems as JSON Lines: one `{"prompt": "...", "answer": "..."}` object a line.
 
-Owns reading and checking the rows; not wired into the config yet (it needs a task name and a path field).
+Owns reading and checking the rows (`task.name: jsonl`), and the rules of a row that the other file formats share
+(`field_problem`, `collect_rows`: `asyncrl.tasks.file_task`).
 
 Invariants:
 - a bad row (not UTF-8, not JSON, not an object, `prompt` or `answer` missing, not a string or empty, an unknown key, a
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +42,15 @@ class LoadedDataset:
         return sum(self.skipped.values())
 
 
+def field_problem(row: dict[str, object], key: str) -> str | None:
+    """Pure: why `row[key]` is not a usable prompt or answer (missing, not a non-empty string), or None."""
+    if key not in row:
+        return f"{key}: missing"
+    if not isinstance(row[key], str) or not row[key]:
+        return f"{key}: expected a non-empty string"
+    return None
+
+
 def check_row(line: str | bytes, max_prompt_chars: int) -> tuple[str, str] | str:
     """Pure: (prompt, answer) of one line, or the reason it is not a valid row."""
     if isinstance(line, bytes):
@@ -54,10 +65,9 @@ def check_row(line: str | bytes, max_prompt_chars: int) -> tuple[str, str] | str
     if not isinstance(row, dict):
         return f"expected a JSON object, got {type(row).__name__}"
     for key in ROW_KEYS:
-        if key not in row:
-            return f"{key}: missing"
-        if not isinstance(row[key], str) or not row[key]:
-            return f"{key}: expected a non-empty string"
+        problem = field_problem(row, key)
+        if problem is not None:
+            return problem
     extra = sorted(set(row) - set(ROW_KEYS))
     if extra:
         return f"unknown key(s) {extra[:3]}"
@@ -68,23 +78,29 @@ def check_row(line: str | bytes, max_prompt_chars: int) -> tuple[str, str] | str
 
 def parse_rows(lines: list[str] | list[bytes], source: str, max_prompt_chars: int = 100_000) -> LoadedDataset:
     """Pure apart from logging: the valid rows of `lines` (see the module invariants)."""
+    checked = ((number, check_row(line, max_prompt_chars)) for number, line in enumerate(lines, start=1)
+               if line.strip())
+    return collect_rows(checked, source, "JSON Lines of {\"prompt\": ..., \"answer\": ...}")
+
+
+def collect_rows(checked: Iterable[tuple[int, tuple[str, str] | str]], source: str, expected: str) -> LoadedDataset:
+    """Pure apart from logging: the kept rows of (1-based row number, (prompt, answer) or the reason it is bad), bad
+    ones skipped, counted and logged as the module invariants say; `DatasetError` naming `source` and `expected`
+    (what a row should be) when none is kept."""
     out = LoadedDataset([])
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        checked = check_row(line, max_prompt_chars)
-        if isinstance(checked, str):
-            out.skipped[checked] = out.skipped.get(checked, 0) + 1
+    for number, checked_row in checked:
+        if isinstance(checked_row, str):
+            out.skipped[checked_row] = out.skipped.get(checked_row, 0) + 1
             out.bad_lines.append(number)
             if len(out.bad_lines) <= MAX_LOGGED_ROWS:
-                log.warning("%s:%d: row skipped: %s", source, number, checked)
+                log.warning("%s:%d: row skipped: %s", source, number, checked_row)
             continue
-        out.problems.append(Problem(index=len(out.problems), prompt=checked[0], answer=checked[1]))
+        out.problems.append(Problem(index=len(out.problems), prompt=checked_row[0], answer=checked_row[1]))
     if out.num_skipped > MAX_LOGGED_ROWS:
         log.warning("%s: %d rows skipped in all (%s)", source, out.num_skipped, out.skipped)
     if not out.problems:
-        raise DatasetError(f"{source}: no valid row (expected JSON Lines of {{\"prompt\": ..., \"answer\": ...}}); "
-                           f"{out.num_skipped} rows skipped: {out.skipped}")
+        raise DatasetError(f"{source}: no valid row (expected {expected}); {out.num_skipped} rows skipped: "
+                           f"{out.skipped}")
     return out
 
 

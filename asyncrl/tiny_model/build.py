@@ -42,6 +42,8 @@ from asyncrl.config.schema import RunConfig
 from asyncrl.models.tokenizer import build_tokenizer, charset, vocab_size
 from asyncrl.tasks.arithmetic import Problem
 from asyncrl.tasks.datasets import file_digest, load_split
+from asyncrl.tasks.materialised import MATERIALISED, prepare
+from asyncrl.tasks.rows import digest, encode_rows
 from asyncrl.tiny_model.demonstrations import DEV_SEED_BASE, TRAIN_SEED_BASE, collect_demonstrations
 from asyncrl.tiny_model.sft import SftResult, run_sft
 from asyncrl.tiny_model.sft_agentic import evaluate_success, run_agentic_sft
@@ -66,8 +68,24 @@ def max_positions(cfg: RunConfig) -> int:
     return MAX_POSITIONS if cfg.env is None else TEXT_MAX_POSITIONS
 
 
+ARITHMETIC_KEY_FIELDS = {"name", "num_train", "num_eval", "max_operand", "operations", "seed"}
+"""The task fields an arithmetic model's cache key holds (those of CODE_VERSION 2; later fields never change it)."""
+
+
 def build_inputs(cfg: RunConfig) -> dict[str, Any]:
     """Everything the built model depends on (what the cache key hashes)."""
+    if cfg.env is None and cfg.task.name in MATERIALISED:  # keyed by the train rows' content, like a jsonl file's
+        rows = prepare(cfg)
+        assert rows is not None
+        return {
+            "code_version": CODE_VERSION,
+            "tiny": cfg.model.tiny.model_dump(mode="json"),
+            "task": cfg.task.model_dump(mode="json", include={"name", "num_train"}),
+            "train_sha256": digest(encode_rows(rows.train)),
+            "charset": charset(cfg),
+            "max_new_tokens": cfg.rollout.max_new_tokens,
+            "max_model_len": cfg.generation.max_model_len,
+        }
     if cfg.env is None and cfg.task.name == "jsonl":
         return {
             "code_version": CODE_VERSION,
@@ -82,9 +100,8 @@ def build_inputs(cfg: RunConfig) -> dict[str, Any]:
         return {
             "code_version": CODE_VERSION,
             "tiny": cfg.model.tiny.model_dump(mode="json"),
-            # the jsonl fields (and task.reward, which the warm start never uses) are left out so that arithmetic keys
-            # stay those of CODE_VERSION 2
-            "task": cfg.task.model_dump(mode="json", exclude={"train_path", "eval_path", "reward"}),
+            # only the fields the arithmetic warm start reads, so that arithmetic keys stay those of CODE_VERSION 2
+            "task": cfg.task.model_dump(mode="json", include=ARITHMETIC_KEY_FIELDS),
             "max_new_tokens": cfg.rollout.max_new_tokens,
         }
     env = cfg.env
@@ -159,8 +176,9 @@ def _arithmetic_sft(cfg: RunConfig, model: Qwen2ForCausalLM, tok: Any) -> tuple[
     """The arithmetic warm start; returns the result and the extra build-info fields."""
     # SFT stops on a dev set carved out of the train split, never on the held-out eval split: choosing the
     # stopping point by eval accuracy would overfit the choice to eval, and RL's before/after would be biased.
+    prepare(cfg)  # reasoning_gym, file: the rows made and registered (a no-op for the other tasks)
     train_all = load_split(cfg.task, "train")
-    if cfg.task.name == "jsonl":
+    if cfg.task.name != "arithmetic":
         train_all = _sft_rows_that_fit(cfg, train_all)
     n_dev = min(SFT_EVAL_PROBLEMS, len(train_all) // 4)
     train, eval_subset = train_all[: len(train_all) - n_dev], train_all[len(train_all) - n_dev :]

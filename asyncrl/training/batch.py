@@ -67,6 +67,19 @@ class TrainBatch:
             out.append(TrainBatch(**parts))
         return out
 
+    def rows(self, index: list[int]) -> TrainBatch:
+        """Rows `index` (in that order) as one micro batch, trimmed to its longest row (a packed micro batch of
+        `asyncrl.training.micro_batches`)."""
+        if not index:
+            raise ValueError("rows: expected at least one row index")
+        sel = torch.tensor(index, dtype=torch.long)
+        t_len = int((self.prompt_lengths[sel] + self.response_lengths[sel]).max())
+        parts = {}
+        for f in fields(self):
+            t = getattr(self, f.name)[sel]
+            parts[f.name] = t[:, :t_len] if t.dim() == 2 else t
+        return TrainBatch(**parts)
+
 
 def reward_positions(sample: Sample) -> list[tuple[int, float]]:
     """(response position, reward) pairs: each turn's reward on its last trained-on token; a single-turn sample's

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from asyncrl.training.activation_checkpointing import enable_gradient_checkpointing
 from asyncrl.training.batch import TrainBatch
 
 log = logging.getLogger(__name__)
@@ -89,10 +90,12 @@ class CriticEnsemble:
         grad_clip: float = 1.0,
         micro_batch_size: int = 64,
         seed: int = 0,
+        gradient_checkpointing: bool = False,
     ) -> None:
         """`grad_clip` ≤ 0 disables clipping (the norm is still reported). `seed` seeds a forked RNG for
         the construction (nothing in it is random today: loaded weights, zero head), leaving the global
-        RNG untouched."""
+        RNG untouched. `gradient_checkpointing`: recompute the backbones' layers in the backward pass
+        (`asyncrl.training.activation_checkpointing`; values and gradients unchanged)."""
         if isinstance(num_critics, bool) or not isinstance(num_critics, int) or num_critics < 1:
             raise ValueError(f"num_critics: expected an int >= 1, got {num_critics!r}")
         if micro_batch_size < 1:
@@ -103,6 +106,9 @@ class CriticEnsemble:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.models = [ValueModel(model_path) for _ in range(num_critics)]
+        if gradient_checkpointing:
+            for model in self.models:
+                enable_gradient_checkpointing(model.backbone)
         self.optimizers = [
             torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=weight_decay) for m in self.models
         ]

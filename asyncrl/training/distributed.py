@@ -1,9 +1,10 @@
 """Data-parallel training ranks (SPMD): how rank 0's decisions reach every rank, and how the ranks split a step.
 
 Owns, for the training role run under torchrun with W ranks, every rank running the same step:
-- the row split of one step's `TrainBatch` (`shard_micro_batches`): rank r takes a contiguous share of the rows
-  (shares differ by at most one row), cut into micro batches; every rank gets the SAME number of micro batches, a
-  rank with fewer is padded with all-masked one-row micro batches (loss 0, gradient 0), so every rank runs the same
+- the row split of one step's `TrainBatch` (`shard_micro_batches`, the plan of `asyncrl.training.micro_batches`):
+  rank r takes a contiguous share of the rows (shares differ by at most one row) cut into micro batches by count,
+  or, under a token budget, every rank packs the whole batch the same way and takes every W-th micro batch; every
+  rank gets the SAME number of micro batches, a rank with fewer is padded with all-masked one-row micro batches (loss 0, gradient 0), so every rank runs the same
   number of forward/backward calls (ZeRO 2/3 reduce in buckets during backward and must stay in step);
 - the control channel (`ControlChannel`): one `Command` (a JSON header: command, step, free-form `info`, and the
   names, shapes and dtypes of the tensors that follow) from rank 0 as a uint8 tensor, its length first, then each
@@ -35,6 +36,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from asyncrl.training.batch import TrainBatch
+from asyncrl.training.micro_batches import rank_plans, rank_rows
+
+__all__ = ["rank_rows"]  # re-exported: the row split lives with the rest of the plan (asyncrl.training.micro_batches)
 
 log = logging.getLogger(__name__)
 
@@ -55,16 +59,6 @@ class ChannelTimeout(TimeoutError):
 
 # ---- pure: batch split, tensors <-> batch, header bytes -------------------------------------------------------
 
-def rank_rows(num_rows: int, rank: int, world_size: int) -> range:
-    """Rank `rank`'s contiguous share of `num_rows` rows; the shares of ranks 0..W−1 tile the rows in order and
-    differ by at most one row (the first `num_rows % W` ranks get one more)."""
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank: expected 0 <= rank < world_size, got rank {rank} of {world_size}")
-    base, extra = divmod(num_rows, world_size)
-    start = rank * base + min(rank, extra)
-    return range(start, start + base + (1 if rank < extra else 0))
-
-
 def micro_batches_per_rank(num_rows: int, world_size: int, micro_batch_size: int) -> int:
     """The number of micro batches every rank runs: that of the largest share (at least 1)."""
     largest = len(rank_rows(num_rows, 0, world_size))
@@ -81,23 +75,28 @@ def masked_row(batch: TrainBatch) -> TrainBatch:
 
 
 def shard_micro_batches(
-    batch: TrainBatch, rank: int, world_size: int, micro_batch_size: int
+    batch: TrainBatch, rank: int, world_size: int, micro_batch_size: int, micro_batch_tokens: int | None = None
 ) -> list[tuple[TrainBatch, bool]]:
     """Rank `rank`'s micro batches of `batch` as (micro batch, is_padding); the same count on every rank.
 
-    With W = 1 this is `batch.split(micro_batch_size)` (no padding). Padding micro batches are `masked_row`.
+    The plan is `asyncrl.training.micro_batches.rank_plans`: by count (`micro_batch_tokens` None; with W = 1 this is
+    `batch.split(micro_batch_size)`), or packed under `micro_batch_tokens` padded tokens (at most `micro_batch_size`
+    rows) and dealt round robin. Each micro batch is trimmed to its longest row. Padding micro batches are
+    `masked_row`.
     """
     if batch.num_samples < 1:
         raise ValueError("batch: expected at least one row")
-    rows = rank_rows(batch.num_samples, rank, world_size)
-    n_micro = micro_batches_per_rank(batch.num_samples, world_size, micro_batch_size)
-    own: list[tuple[TrainBatch, bool]] = []
-    if len(rows):
-        share = select_rows(batch, rows.start, rows.stop)
-        own = [(mb, False) for mb in share.split(micro_batch_size)]
+    plans = rank_plans(batch_lengths(batch), world_size, micro_batch_size, micro_batch_tokens)
+    n_micro = max(1, max(len(p) for p in plans))
+    own = [(batch.rows(mb), False) for mb in plans[rank]]
     if len(own) == n_micro:
         return own
     return own + [(masked_row(batch), True)] * (n_micro - len(own))
+
+
+def batch_lengths(batch: TrainBatch) -> list[int]:
+    """Every row's length (prompt + response tokens), in row order."""
+    return (batch.prompt_lengths + batch.response_lengths).tolist()
 
 
 def select_rows(batch: TrainBatch, start: int, stop: int) -> TrainBatch:

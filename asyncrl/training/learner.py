@@ -64,6 +64,7 @@ class Learner:
                     grad_clip=cfg.critic.grad_clip,
                     micro_batch_size=cfg.critic.micro_batch_size or cfg.micro_batch_size,
                     seed=cfg.seed,
+                    gradient_checkpointing=cfg.gradient_checkpointing,
                 )
             except BaseException:
                 self.policy.close()  # do not leave the actor's process group behind

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from asyncrl.config.loss_params import LossParams, TOPRParams, parse_loss_params
 from asyncrl.config.schema import TrainingConfig
+from asyncrl.training.behaviour_gap import behaviour_gap, clip_bounds
 from asyncrl.training.loss_registry import LossInputs, TokenLoss, register_loss, token_loss_of
 
 __all__ = ["LossInputs", "LossParams", "TokenLoss", "aggregate", "kl_k3", "merge_metrics", "per_token_loss",
@@ -124,7 +125,8 @@ def policy_loss(
     positive/negative by reward > 0). `num_samples` / `num_tokens` are the aggregation denominators of
     the whole batch (for micro batches); by default those of this call. Metrics are means over this
     call's masked tokens except `*_max` (max) and `tokens` (count); merge micro batches with
-    `merge_metrics`.
+    `merge_metrics`. `clip_fraction` is 0 by construction with one optimizer step per batch (r = 1); the
+    engine-trainer gap (`behav_clip_fraction`, `gap_abs`, `gap_k3`: `asyncrl.training.behaviour_gap`) is not.
     """
     shape = logp.shape
     m, zero, logp, prox, behav, adv = _masked_inputs("policy_loss", logp, prox=prox, behav=behav, adv=adv, mask=mask)
@@ -161,6 +163,7 @@ def policy_loss(
             behav_prox_abs_diff=_masked_mean((behav - prox).abs(), m),
             tokens=float(m.sum()),
         )
+        metrics.update(behaviour_gap(prox, behav, m, *clip_bounds(cfg.loss_params)))
     return loss, metrics
 
 

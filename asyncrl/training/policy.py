@@ -24,6 +24,10 @@ Invariants:
 - log-probs are label-aligned (see `asyncrl.training.batch`): column j is the log-prob of
   `input_ids[:, j]` from the logits at j − 1, with logits divided by the temperature (as vLLM's
   processed log-probs).
+- a step runs the LM head only at its trained-on columns (`asyncrl.training.token_logprobs`); `logprobs()` at every
+  column. Micro batches: `asyncrl.training.micro_batches` (by count, or packed under `training.micro_batch_tokens`);
+  `training.gradient_checkpointing`: `asyncrl.training.activation_checkpointing`. Neither changes the gradient. The
+  optimizer is torch's AdamW, fused on a CPU (one pass over the weights: ~7x less CPU than its per-tensor loop).
 - names are those of `model.named_parameters()`: a tied `lm_head.weight` does not appear.
 """
 
@@ -32,26 +36,30 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor
 
 from asyncrl.config.schema import TrainingConfig
+from asyncrl.training.activation_checkpointing import enable_gradient_checkpointing
 from asyncrl.training.batch import TrainBatch
 from asyncrl.training.credit import AttentionCredit
 from asyncrl.training.deepspeed_config import deepspeed_config
-from asyncrl.training.distributed import ControlChannel, shard_micro_batches
+from asyncrl.training.distributed import ControlChannel, batch_lengths, shard_micro_batches
 from asyncrl.training.losses import merge_metrics, policy_loss
+from asyncrl.training.micro_batches import plan_metrics, rank_plans
 from asyncrl.training.mixed_precision import autocast_context, register_float32_sdpa, resolve_autocast
 from asyncrl.training.process_group import (
     forget_deepspeed_groups,
     init_default_group,
     skip_deepspeed_op_builds,
 )
+from asyncrl.training.token_logprobs import full_logprobs, trained_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -110,13 +118,14 @@ class PolicyTrainer:
         self._ref = None
         if cfg.kl_coef > 0:
             self._ref = copy.deepcopy(model).eval().requires_grad_(False).to(self.device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                      fused=self.device.type == "cpu" or None)
         ds_cfg = deepspeed_config(cfg, batch_size, dist.get_world_size())
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_cfg)
         self.engine.eval()  # no dropout: prox == logp at the step start
-        self.credit = (
-            AttentionCredit(cfg.attention_credit, model.config.num_hidden_layers) if cfg.attention_credit else None
-        )
+        if cfg.gradient_checkpointing:  # after eval(): it flags the decoder layers alone (activation_checkpointing)
+            enable_gradient_checkpointing(self.engine.module)
+        self.credit = AttentionCredit(cfg.attention_credit, model.config.num_hidden_layers) if cfg.attention_credit else None
         self.stage = int(self.engine.zero_optimization_stage())
         self.init_seconds = time.monotonic() - t0
         log.info("PolicyTrainer ready: ZeRO stage %d, rank %d of %d on %s, init %.1f s", self.stage, self.rank,
@@ -134,36 +143,42 @@ class PolicyTrainer:
 
     # ---- forward -------------------------------------------------------------------------------
 
-    def _forward(self, mb: TrainBatch, temperature: float, need_entropy_grad: bool) -> tuple[Tensor, Tensor]:
-        """Label-aligned token log-probs [S, T] (with grad when grad is enabled) and entropies [S, T]."""
-        with autocast_context(self.autocast, self.device):
-            out = self.engine(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-        logits = out.logits[:, :-1].float() / temperature
-        logsm = torch.log_softmax(logits, dim=-1)
-        logp = logsm.gather(-1, mb.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-        with torch.set_grad_enabled(need_entropy_grad and torch.is_grad_enabled()):
-            src = logsm if need_entropy_grad else logsm.detach()
-            entropy = -(src.exp() * src).sum(-1)
-        return F.pad(logp, (1, 0)), F.pad(entropy, (1, 0))
+    def _call(self, model: Any, mb: TrainBatch, mask: Tensor | None) -> Callable[[], Any]:
+        """The forward of `model` (the engine, or the reference model) on `mb` under the autocast setting, to call."""
+        def run() -> Any:
+            with autocast_context(self.autocast, self.device):
+                return model(input_ids=mb.input_ids, attention_mask=mask, use_cache=False)
+        return run
 
+    def _forward(self, mb: TrainBatch, temperature: float, need_entropy_grad: bool,
+                 trained_only: bool = False) -> tuple[Tensor, Tensor]:
+        """Label-aligned token log-probs [S, T] (with grad when grad is enabled) and entropies [S, T]; with
+        `trained_only`, at the trained-on columns alone (LM head included), 0 elsewhere, and plain causal attention
+        (rows are right-padded: a real token attends to real tokens only; attention credit keeps the mask)."""
+        if not trained_only:
+            return full_logprobs(self._call(self.engine, mb, mb.attention_mask)().logits, mb.input_ids, temperature,
+                                 need_entropy_grad)
+        run = self._call(self.engine, mb, mb.attention_mask if self.credit is not None else None)
+        return trained_logprobs(run, self.engine.module, mb.input_ids, mb.response_mask, temperature,
+                                need_entropy_grad)
+
+    @torch.no_grad()
     def _ref_logprobs(self, mb: TrainBatch, temperature: float) -> Tensor | None:
+        """The reference model's log-probs at the trained-on columns (0 elsewhere), or None without one."""
         if self._ref is None:
             return None
-        with torch.no_grad():
-            with autocast_context(self.autocast, self.device):
-                logits = self._ref(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1]
-            logsm = torch.log_softmax(logits.float() / temperature, dim=-1)
-            return F.pad(logsm.gather(-1, mb.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1), (1, 0))
+        run = self._call(self._ref, mb, None)
+        return trained_logprobs(run, self._ref, mb.input_ids, mb.response_mask, temperature, entropy_grad=False)[0]
 
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch, temperature: float = 1.0) -> Tensor:
-        """Label-aligned log-probs [S, T] of `batch` under the current weights (0 at column 0)."""
+        """Label-aligned log-probs [S, T] of `batch` under the current weights at every column (0 at column 0), in
+        the micro batches of `train_step` (with W = 1)."""
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        row = 0
-        for mb in batch.split(self.cfg.micro_batch_size):
+        for index in rank_plans(batch_lengths(batch), 1, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)[0]:
+            mb = batch.rows(index)
             lp, _ = self._forward(self._to_device(mb), temperature, need_entropy_grad=False)
-            out[row : row + mb.num_samples, : lp.shape[1]] = lp.cpu()
-            row += mb.num_samples
+            out[torch.tensor(index), : lp.shape[1]] = lp.cpu()
         return out
 
     # ---- training ------------------------------------------------------------------------------
@@ -185,7 +200,8 @@ class PolicyTrainer:
         `asyncrl.training.credit`). Returns the merged loss metrics plus `grad_norm` (before clipping)
         and `entropy` (mean over response tokens).
         """
-        micro = shard_micro_batches(batch, self.rank, self.world_size, micro_batch_size or self.cfg.micro_batch_size)
+        size, tokens = micro_batch_size or self.cfg.micro_batch_size, self.cfg.micro_batch_tokens
+        micro = shard_micro_batches(batch, self.rank, self.world_size, size, tokens)
         coef = self.cfg.ent_coef if ent_coef is None else ent_coef
         parts = []
         for i, (cpu_mb, padding) in enumerate(micro):
@@ -194,10 +210,10 @@ class PolicyTrainer:
             advantages, credit_metrics = mb.advantages, {}
             if self.credit is not None:
                 with self.credit.capture(self.engine) as cap:
-                    logp, entropy = self._forward(mb, temperature, need_entropy_grad=coef > 0)
+                    logp, entropy = self._forward(mb, temperature, need_entropy_grad=coef > 0, trained_only=True)
                 advantages, credit_metrics = self.credit.scale(cap, mb)
             else:
-                logp, entropy = self._forward(mb, temperature, need_entropy_grad=coef > 0)
+                logp, entropy = self._forward(mb, temperature, need_entropy_grad=coef > 0, trained_only=True)
             loss, metrics = policy_loss(
                 self.cfg,
                 logp,
@@ -223,7 +239,7 @@ class PolicyTrainer:
             grad_norm = float(norm) if norm is not None else float("nan")
         out = merge_metrics(self._gather_parts(parts))
         out["grad_norm"] = grad_norm
-        return out
+        return out | plan_metrics(batch_lengths(batch), self.world_size, size, tokens)
 
     def _gather_parts(self, parts: list[dict[str, float]]) -> list[dict[str, float]]:
         """Every rank's metric parts, in rank order (this rank's alone when W = 1)."""

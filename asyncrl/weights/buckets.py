@@ -50,6 +50,21 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES[dtype]
 
 
+def wire_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None
+                 ) -> list[tuple[str, torch.Tensor]]:
+    """The tensors as they travel to engines that run in `dtype`: every floating-point tensor in another dtype cast
+    to it (round to nearest even, as the engine's own load of a float32 checkpoint casts), the rest as they are
+    (detached, no copy). None: all as they are. The checksum a trainer publishes is of these tensors, so it stays
+    comparable with what the engines received."""
+    out = []
+    for name, t in named_tensors:
+        t = t.detach()
+        if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+            t = t.to(dtype)
+        out.append((name, t))
+    return out
+
+
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 

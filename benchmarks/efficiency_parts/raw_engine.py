@@ -26,7 +26,7 @@ def engine_settings(cfg: Any, model: str) -> Any:
 
     g = cfg.generation
     return EngineSettings(model=model, max_model_len=g.max_model_len, kv_cache_gib=g.kv_cache_gib,
-                          max_num_seqs=g.max_num_seqs, seed=g.seed, dtype="float32", cpu_threads=g.cpu_threads,
+                          max_num_seqs=g.max_num_seqs, seed=g.seed, dtype=g.dtype, cpu_threads=g.cpu_threads,
                           ring_poll_s=g.ring_poll_s)
 
 
@@ -62,8 +62,10 @@ def make_batches(cfg: Any, tok: Any, count: int) -> list[list[dict[str, Any]]]:
     from asyncrl.roles.rollout_driver import sample_seed
     from asyncrl.roles.single_turn import prompt_stream, sample_budget
     from asyncrl.tasks.datasets import load_split
+    from asyncrl.tasks.materialised import prepare
     from asyncrl.tasks.prompt_fit import prompts_that_fit
 
+    prepare(cfg)  # a reasoning_gym or file task: its rows made here, as `asyncrl run` makes them
     ro = cfg.rollout
     problems, _ = prompts_that_fit(cfg, tok, load_split(cfg.task, "train"))
     stream = prompt_stream(len(problems), cfg.task.seed + 7919 * instance_index("env0"))

@@ -12,10 +12,12 @@ def main() -> None:
     from asyncrl.config.loss_params import PPOParams
     from asyncrl.models.tokenizer import encode_prompt, load_tokenizer
     from asyncrl.tasks.datasets import load_split
+    from asyncrl.tasks.materialised import prepare
     from asyncrl.tasks.prompt_fit import prompts_that_fit
     from asyncrl.tiny_model.prepare import resolve_model_path
 
     cfg = load_config(spec["config"], spec["overrides"])
+    prepare(cfg)  # a reasoning_gym or file task: its rows made here, as `asyncrl run` makes them
     model = resolve_model_path(cfg)
     tok = load_tokenizer(model)
     train, _ = prompts_that_fit(cfg, tok, load_split(cfg.task, "train"))

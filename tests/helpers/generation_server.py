@@ -70,7 +70,8 @@ class _Launched:
     token: str | None = None
 
 
-def _launch(model_dir: Path, work_dir: Path, max_model_len: int, token: str | None = None) -> _Launched:
+def _launch(model_dir: Path, work_dir: Path, max_model_len: int, token: str | None = None,
+            dtype: str = "float32", kv_after_update: str = "recompute") -> _Launched:
     """Start a server; `token` None: `--insecure-no-token`, else the token goes in ASYNCRL_ROLE_TOKEN."""
     work_dir.mkdir(parents=True, exist_ok=True)
     ready = work_dir / "ready.json"
@@ -78,7 +79,8 @@ def _launch(model_dir: Path, work_dir: Path, max_model_len: int, token: str | No
     cmd = [
         sys.executable, "-m", "asyncrl.generation.server", "--model", str(model_dir), "--port", "0",
         "--ready-file", str(ready), "--work-dir", str(work_dir / "vllm"), "--max-model-len", str(max_model_len),
-        "--kv-cache-gib", "0.25", "--max-num-seqs", "16", "--dtype", "float32", "--log-level", "WARNING",
+        "--kv-cache-gib", "0.25", "--max-num-seqs", "16", "--dtype", dtype, "--kv-after-update", kv_after_update,
+        "--log-level", "WARNING",
     ]
     env = {k: v for k, v in os.environ.items() if k != "ASYNCRL_ROLE_TOKEN"}
     if token is None:
@@ -114,10 +116,12 @@ def _wait_ready(launched: list[_Launched], timeout_s: float) -> list[ServerProce
 
 
 def start_server(model_dir: Path, work_dir: Path, timeout_s: float = 300.0, max_model_len: int = MAX_MODEL_LEN,
-                 token: str | None = None) -> ServerProcess:
+                 token: str | None = None, dtype: str = "float32", kv_after_update: str = "recompute"
+                 ) -> ServerProcess:
     """Start a server on a free port; return once its ready file exists and /health answers. `token`: the
-    bearer token it requires (None: an insecure server)."""
-    return _wait_ready([_launch(model_dir, work_dir, max_model_len, token)], timeout_s)[0]
+    bearer token it requires (None: an insecure server); `dtype`, `kv_after_update`: generation.dtype and
+    generation.kv_after_update of its engine."""
+    return _wait_ready([_launch(model_dir, work_dir, max_model_len, token, dtype, kv_after_update)], timeout_s)[0]
 
 
 EOS_TOKEN = 20  # the most frequent token of the seed-0 tiny model (~8% of sampled tokens)

@@ -106,11 +106,15 @@ def test_mlflow_has_step_metrics(finished_run):
     for step in range(cfg.training.steps):  # the histogram counts every trained sample
         assert sum(h[step].value for h in hist) == cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     for name in ("rollout/admitted_groups", "rollout/requests_in_flight", "rollout/aborted_redundant_groups",
-                 "rollout/aborted_samples", "rollout/dropped_samples"):
+                 "rollout/aborted_samples", "rollout/dropped_samples", "rollout/verified_samples", "reward/correct"):
         # the writers' figures are logged once per read (every few seconds), always at the last step
         steps = [m.step for m in client.get_metric_history(run.info.run_id, name)]
         assert len(set(steps)) == len(steps) and set(steps) <= set(range(1, cfg.training.steps + 1)), name
         assert cfg.training.steps in steps, name
+    shares = {name: max(client.get_metric_history(run.info.run_id, name), key=lambda m: m.step).value
+              for name in ("reward/correct", "rollout/correct_samples", "rollout/verified_samples")}
+    # the share of scored samples correct (the verifier's details), from the same read as its counts
+    assert shares["reward/correct"] == shares["rollout/correct_samples"] / shares["rollout/verified_samples"], shares
     last = {name: max(client.get_metric_history(run.info.run_id, f"rollout/{name}"), key=lambda m: m.step).value
             for name in ("generate_calls", "generate_requests", "reward_calls", "reward_items", "s3_requests",
                          "s3_get_missing")}

@@ -37,7 +37,7 @@ def _groups():
     return [Group("g0", 0, "t", samples[:3]), Group("g1", 1, "t", samples[3:])]
 
 
-def _worker(stage: int, model_dir: Path, out_dir: Path) -> None:
+def _worker(stage: int, model_dir: Path, out_dir: Path, tokens: int | None = None) -> None:
     import torch
     from safetensors.torch import save_file
 
@@ -48,7 +48,7 @@ def _worker(stage: int, model_dir: Path, out_dir: Path) -> None:
 
     aggregation = "token-mean" if stage == 2 else "seq-mean-token-mean"
     cfg = TrainingConfig(zero_stage=stage, micro_batch_size=MICRO, lr=1e-3, loss="decoupled_ppo", ent_coef=0.01,
-                         aggregation=aggregation, grad_clip=1e6)
+                         aggregation=aggregation, grad_clip=1e6, micro_batch_tokens=tokens)
     trainer = PolicyTrainer(model_dir, cfg, timeout_s=60)
     try:
         if trainer.is_leader:
@@ -79,7 +79,7 @@ def _worker(stage: int, model_dir: Path, out_dir: Path) -> None:
         trainer.close()
 
 
-def _run(stage: int, model_dir: Path, out_dir: Path, world_size: int) -> dict:
+def _run(stage: int, model_dir: Path, out_dir: Path, world_size: int, tokens: int | None = None) -> dict:
     out_dir.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
                                                               "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
@@ -87,7 +87,7 @@ def _run(stage: int, model_dir: Path, out_dir: Path, world_size: int) -> dict:
             "TORCH_EXTENSIONS_DIR": env.get("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))}
     launcher = [] if world_size == 1 else ["-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                                            "--nproc-per-node", str(world_size)]
-    cmd = [sys.executable, *launcher, str(HERE), str(stage), str(model_dir), str(out_dir)]
+    cmd = [sys.executable, *launcher, str(HERE), str(stage), str(model_dir), str(out_dir), *([str(tokens)] if tokens else [])]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads((out_dir / "metrics.json").read_text())
@@ -102,15 +102,17 @@ def model_dir(tmp_path_factory):
 
 @pytest.mark.integration
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("stage", [0, 3])
-def test_two_ranks_equal_one_rank(stage, model_dir, tmp_path):
+# (3, 8): the two ranks pack their micro batches under a token budget of 8 (rows of 6; 4 and 4; 2 and 2 tokens: rank 0
+# runs [6] and [2, 2], rank 1 [4, 4] and a padding one), the lone process by count: the same step all the same
+@pytest.mark.parametrize(("stage", "tokens"), [(0, None), (3, None), (3, 8)])
+def test_two_ranks_equal_one_rank(stage, tokens, model_dir, tmp_path):
     import torch
     from safetensors.torch import load_file
 
     # the lone process and the two ranks are independent: they run side by side (their start is mostly imports)
     with ThreadPoolExecutor(max_workers=2) as pool:
         one_run = pool.submit(_run, stage, model_dir, tmp_path / "w1", 1)
-        two_run = pool.submit(_run, stage, model_dir, tmp_path / "w2", 2)
+        two_run = pool.submit(_run, stage, model_dir, tmp_path / "w2", 2, tokens)
         one, two = one_run.result(), two_run.result()
     assert (one["world_size"], two["world_size"]) == (1, 2)
     s1, s2 = load_file(str(tmp_path / "w1/state.safetensors")), load_file(str(tmp_path / "w2/state.safetensors"))
@@ -137,9 +139,11 @@ def test_two_ranks_equal_one_rank(stage, model_dir, tmp_path):
     for key in ("loss", "pg_loss", "tokens", "entropy", "iw_mean", "iw_max", "clip_fraction", "grad_norm"):
         assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
     assert one["tokens"] == 9.0 and one["grad_norm"] > 0
+    if tokens:  # rows of 2, 4, 6, 2, 4 tokens; by count [2, 4], [6, 2], [4]: 24 computed for 18; packed: no padding
+        assert (one["padding_fraction"], two["padding_fraction"]) == (pytest.approx(1 - 18 / 24), 0.0)
     for res in (one, two):
         assert res["resume_max_diff"] <= 1e-7 and res["resume_loss_diff"] <= 1e-7
 
 
 if __name__ == "__main__":
-    _worker(int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
+    _worker(int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else None)

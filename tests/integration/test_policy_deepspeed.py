@@ -3,7 +3,9 @@
 Checks per stage: log-prob alignment against a plain HF forward, prox == behaviour log-probs at the
 step start on an on-policy batch, a rewarded token's log-prob rising, named_weights complete and all
 changed, resume from model/optimizer state (in place and into a fresh trainer) reproducing the next
-step exactly, and exact gradient accumulation (micro batches of 1 vs 3).
+step exactly, exact gradient accumulation (micro batches of 1 vs 3), and the same step again from
+micro batches packed under a token budget with gradient checkpointing on (`training.micro_batch_tokens`,
+`training.gradient_checkpointing`).
 
 Each stage runs in its own interpreter (`python this_file.py <stage> <model_dir>`), so every DeepSpeed
 init gets a fresh process and a process group that dies with it; the worker closes its trainer and
@@ -126,6 +128,22 @@ def _worker(stage: int, model_dir: Path) -> dict:
         res["accum_err"] = max((trainer.model_state()[n] - w2[n]).abs().max().item() for n in names)
     finally:
         trainer.close()
+    # A token budget (rows sorted by length, packed 2 by 2 under 10 tokens) with gradient checkpointing: the start
+    # log-probs, and from the step-1 state the same step, as micro batches of 3 in order without checkpointing.
+    res["padding"] = [m1["padding_fraction"], m1["micro_batches"]]
+    packed = TrainingConfig(zero_stage=stage, micro_batch_size=3, micro_batch_tokens=10, gradient_checkpointing=True,
+                            lr=1e-2, loss="decoupled_ppo")
+    trainer = PolicyTrainer(model_dir, packed, batch_size=8)
+    try:
+        real = batch.attention_mask > 0  # a padding column's log-prob depends on its micro batch's length
+        res["packed_lp_err"] = (trainer.logprobs(batch, temp) - lp)[real].abs().max().item()
+        trainer.load_state(*s1)
+        m2d = trainer.train_step(batch, temp)
+        res["packed_padding"] = [m2d["padding_fraction"], m2d["micro_batches"]]
+        res["packed_norm_err"] = abs(m2d["grad_norm"] - m2["grad_norm"]) / m2["grad_norm"]
+        res["packed_err"] = max((trainer.model_state()[n] - w2[n]).abs().max().item() for n in names)
+    finally:
+        trainer.close()
     import torch.distributed as dist
 
     res["pg_closed"] = not dist.is_initialized()
@@ -162,6 +180,11 @@ def test_policy_trainer_zero_stage(stage: int, model_dir: Path) -> None:
     # float noise that Adam amplifies on near-zero gradients (lr = 1e-2).
     assert res["accum_norm_err"] < 1e-5, res
     assert res["accum_err"] < 2e-4, res
+    # rows of 4, 5, 5, 4, 4, 4, 5, 5 tokens: by 3 in order, 37 computed for 36; packed, [1, 2], [6, 7], [0, 3], [4, 5]
+    assert res["padding"] == [pytest.approx(1 - 36 / 37), 3.0], res
+    assert res["packed_padding"] == [0.0, 4.0], res
+    assert res["packed_lp_err"] < 1e-6, res
+    assert res["packed_norm_err"] < 1e-5 and res["packed_err"] < 2e-4, res
     assert res["pg_closed"], res
 
 

@@ -15,13 +15,14 @@ import httpx
 import pytest
 import torch
 
-from asyncrl.weights.buckets import checksums_match, weights_checksum
-from asyncrl.weights.sync import WeightSender, WeightSyncError
+from asyncrl.weights.buckets import checksums_match, plan_buckets, weights_checksum, wire_tensors
+from asyncrl.weights.sync import WeightSender, WeightSyncError, send_weights
 from tests.helpers.generation_server import (
     MAX_MODEL_LEN,
     ServerProcess,
     shared_eos_server,
     shared_generation_server,
+    start_server,
 )
 
 pytestmark = pytest.mark.integration
@@ -331,3 +332,197 @@ def test_a_request_for_the_next_version_is_held_until_its_push(
     assert result["start_version"] == v + 1 and result["token_versions"] == [v + 1] * 8
     hf = _hf_logprobs(trainer_model, PROMPT, result["token_ids"])
     assert max(abs(a - b) for a, b in zip(hf, result["logprobs"], strict=True)) < 1e-4
+
+
+def test_generation_goes_on_while_a_push_is_received(
+    servers: tuple[list[ServerProcess], Path], trainer_model: torch.nn.Module, sender: WeightSender
+) -> None:
+    """CPU workers receive the broadcast into staging buffers before generation pauses: while the trainer has not sent
+    yet, a server whose update has begun still decodes at its version; once the weights arrive the update loads the
+    staged buckets, and generation was paused only for that load."""
+    urls = [s.url for s in servers[0]]
+    v = _health(urls[0])["version"]
+    named = [(n, p.detach().clone()) for n, p in trainer_model.named_parameters()]
+    replies: dict[str, Any] = {}
+
+    def update(url: str) -> None:
+        replies[url] = httpx.post(f"{url}/weights/update", json={"version": v + 1, "timeout_s": 60}, timeout=120)
+
+    posts = [threading.Thread(target=update, args=(url,)) for url in urls]
+    for t in posts:
+        t.start()
+    try:
+        assert _wait_for(urls[0], "the update to begin", lambda h: h["status"] == "updating", posts[0]) is not None
+        out = _generate(urls[0], "while-receiving", max_tokens=8, seed=5, ignore_eos=True)
+        assert out["token_versions"] == [v] * 8 and posts[0].is_alive()  # decoded while the update waits for bytes
+        time.sleep(1.0)
+        manifest = plan_buckets([(n, t.dtype, tuple(t.shape)) for n, t in named], sender.bucket_bytes, v + 1)
+        assert sender._pg is not None
+        send_weights(sender._pg, manifest, dict(named), torch.device("cpu"), 60)
+    finally:
+        for t in posts:
+            t.join(90)
+    for url in urls:
+        r = replies[url]
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["version"] == v + 1 and body["phases"]["staged"] == 1.0, body
+        assert body["phases"]["receive_s"] >= 1.0 > body["seconds"], body  # received while generating, paused after
+        ck = httpx.get(f"{url}/weights/checksum").json()
+        assert ck["version"] == v + 1 and ck["checksum"] == weights_checksum(named)
+        out = _generate(url, f"after-staged-{url}", max_tokens=16, seed=6, ignore_eos=True)
+        hf = _hf_logprobs(trainer_model, PROMPT, out["token_ids"])
+        assert out["token_versions"] == [v + 1] * 16
+        assert max(abs(a - b) for a, b in zip(hf, out["logprobs"], strict=True)) < 1e-4
+
+
+def test_a_receive_that_fails_leaves_the_server_serving_its_version(
+    servers: tuple[list[ServerProcess], Path], trainer_model: torch.nn.Module, sender: WeightSender
+) -> None:
+    """The broadcast is received before the model is touched: a broadcast the servers refuse (here: of another
+    version than the update asked for) fails the update, but each server keeps serving its current version (status
+    ok, not failed, no request ended) until the next push."""
+    urls = [s.url for s in servers[0]]
+    v = _health(urls[0])["version"]
+    named = [(n, p.detach().clone()) for n, p in trainer_model.named_parameters()]
+    replies: dict[str, Any] = {}
+
+    def update(url: str) -> None:
+        replies[url] = httpx.post(f"{url}/weights/update", json={"version": v + 1, "timeout_s": 60}, timeout=120)
+
+    posts = [threading.Thread(target=update, args=(url,)) for url in urls]
+    for t in posts:
+        t.start()
+    try:
+        assert _wait_for(urls[0], "the update to begin", lambda h: h["status"] == "updating", posts[0]) is not None
+        manifest = plan_buckets([(n, t.dtype, tuple(t.shape)) for n, t in named], sender.bucket_bytes, v + 2)
+        assert sender._pg is not None
+        send_weights(sender._pg, manifest, dict(named), torch.device("cpu"), 60)
+    finally:
+        for t in posts:
+            t.join(90)
+    for url in urls:
+        r = replies[url]
+        assert r.status_code == 500 and "the model is unchanged" in r.text and f"expected {v + 1}" in r.text, r.text
+        h = _health(url)
+        assert (h["status"], h["version"]) == ("ok", v), h
+        assert _generate(url, f"after-failed-receive-{url}", max_tokens=8, seed=8)["token_versions"] == [v] * 8
+    sender.connect()  # as the trainer does after a failed push
+    sender.push(v + 1, named)
+    for url in urls:
+        assert httpx.get(f"{url}/weights/checksum").json()["checksum"] == weights_checksum(named)
+
+
+def test_a_bf16_server_holds_exactly_the_bf16_weights_pushed(
+    servers: tuple[list[ServerProcess], Path], trainer_model: torch.nn.Module, tmp_path: Path
+) -> None:
+    """generation.dtype bfloat16: the trainer's float32 weights travel cast to bf16 (`wire_tensors`); the server's
+    received checksum is that of the bf16 tensors, bit for bit, and its log-probs follow the pushed weights, on the
+    layerwise first update and on the fast, staged later ones."""
+    server = start_server(servers[1], tmp_path / "bf16", max_model_len=256, dtype="bfloat16")
+    bf16_sender = WeightSender([server.url], backend="gloo", timeout_s=60, bucket_bytes=64 * 1024)
+    original = [(n, p.detach().clone()) for n, p in trainer_model.named_parameters()]
+    try:
+        httpx.post(f"{server.url}/generate", json={"request_id": "warm", "prompt_token_ids": [1], "max_tokens": 1},
+                   timeout=300)
+        bf16_sender.connect()
+        for k in (1, 2):
+            named = _perturb(trainer_model, seed=40 + k)
+            wire = wire_tensors(named, torch.bfloat16)
+            reply = bf16_sender.push(k, wire)[server.url]
+            assert reply["phases"]["staged"] == 1.0 and reply["phases"]["worker0_fast_reload"] == float(k == 2)
+            ck = httpx.get(f"{server.url}/weights/checksum").json()
+            assert ck["checksum"] == weights_checksum(wire) != weights_checksum(named)
+            out = _generate(server.url, f"bf16-{k}", max_tokens=24, seed=50 + k, ignore_eos=True)
+            new = _hf_logprobs(trainer_model, PROMPT, out["token_ids"])
+            with torch.no_grad():  # the weights before this push
+                for (_, p), (_, o) in zip(trainer_model.named_parameters(), original, strict=True):
+                    p.copy_(o)
+            old = _hf_logprobs(trainer_model, PROMPT, out["token_ids"])
+            with torch.no_grad():
+                for (_, p), (_, t) in zip(trainer_model.named_parameters(), named, strict=True):
+                    p.copy_(t)
+            gap_new = sum(abs(a - b) for a, b in zip(new, out["logprobs"], strict=True)) / len(new)
+            gap_old = sum(abs(a - b) for a, b in zip(old, out["logprobs"], strict=True)) / len(old)
+            assert gap_new < 0.05 and gap_old > 4 * gap_new, (gap_new, gap_old)
+    finally:
+        bf16_sender.shutdown()
+        server.stop()
+        with torch.no_grad():  # leave the trainer model as it was
+            for (_, p), (_, o) in zip(trainer_model.named_parameters(), original, strict=True):
+                p.copy_(o)
+
+
+def _hf_logprobs_old_kv(old: torch.nn.Module, new: torch.nn.Module, prompt: list[int], tokens: list[int], switch: int,
+                        n: int) -> list[float]:
+    """Log-probs of tokens[switch:switch + n] as an engine that kept its KV computes them when the weights change from
+    `old` to `new` just before token `switch` is decoded: positions before the last token sampled under `old` keep the
+    KV `old` computed; that token and the ones after are fed (and their KV computed) by `new`."""
+    with torch.no_grad():
+        cache = old(torch.tensor([prompt + tokens[: switch - 1]]), use_cache=True).past_key_values
+        rest = tokens[switch - 1 : switch + n]
+        logits = new(torch.tensor([rest]), past_key_values=cache, use_cache=True).logits[0].double()
+    lp = torch.log_softmax(logits, dim=-1)
+    return [float(lp[i, t]) for i, t in enumerate(rest[1:])]
+
+
+def test_kept_kv_spans_an_update_and_the_prefix_cache_never_crosses_versions(
+    servers: tuple[list[ServerProcess], Path], trainer_model: torch.nn.Module, tmp_path: Path
+) -> None:
+    """generation.kv_after_update keep: a request in flight at an update keeps the KV its earlier tokens got from the
+    old weights (its later log-probs are exactly those of the new weights over that old KV, not the new model's own),
+    and a request started after the update never reuses a cached prompt block of the old weights."""
+    import copy
+
+    server = start_server(servers[1], tmp_path / "keep", kv_after_update="keep")
+    keep_sender = WeightSender([server.url], backend="gloo", timeout_s=60, bucket_bytes=64 * 1024)
+    original = [(n, p.detach().clone()) for n, p in trainer_model.named_parameters()]
+    long_prompt = [3 + (7 * i) % 50 for i in range(40)]  # two full KV blocks of 16 tokens: cached
+
+    def generate(request_id: str, max_tokens: int) -> dict[str, Any]:
+        body = {"request_id": request_id, "prompt_token_ids": long_prompt, "max_tokens": max_tokens,
+                "temperature": 1.0, "seed": 3, "ignore_eos": True}
+        r = httpx.post(f"{server.url}/generate", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    try:
+        httpx.post(f"{server.url}/generate", json={"request_id": "warm", "prompt_token_ids": [1], "max_tokens": 1},
+                   timeout=300)
+        keep_sender.connect()
+        generate("cached-at-v0", 4)  # its prompt's blocks stay in the prefix cache: a keep update clears nothing
+        keep_sender.push(1, _perturb(trainer_model, seed=60))
+        again = generate("same-prompt-at-v1", 12)
+        hf = _hf_logprobs(trainer_model, long_prompt, again["token_ids"])
+        assert again["token_versions"] == [1] * 12
+        assert max(abs(a - b) for a, b in zip(hf, again["logprobs"], strict=True)) < 1e-4  # no block of v0 reused
+        missed: list[str] = []
+        for attempt in range(8):
+            old_state = {k: t.clone() for k, t in trainer_model.state_dict().items()}
+            got = _span_one_update(server.url, trainer_model, keep_sender, attempt)
+            if not isinstance(got, str):
+                break
+            missed.append(got)
+            time.sleep(2.0)
+        else:
+            raise AssertionError(f"eight attempts in a row could not land an update mid-request: {missed}")
+        result, v = got
+        versions, tokens, lps = result["token_versions"], result["token_ids"], result["logprobs"]
+        switch = versions.index(v + 1)
+        assert switch >= 20 and set(versions) == {v, v + 1} and len(tokens) - switch >= 20
+        old_model = copy.deepcopy(trainer_model)
+        old_model.load_state_dict(old_state)
+        n = min(64, len(tokens) - switch)
+        kept = _hf_logprobs_old_kv(old_model, trainer_model, PROMPT, tokens, switch, n)
+        recomputed = _hf_logprobs(trainer_model, PROMPT, tokens[: switch + n])[switch:]
+        served = lps[switch : switch + n]
+        assert max(abs(a - b) for a, b in zip(kept, served, strict=True)) < 1e-3
+        assert max(abs(a - b) for a, b in zip(recomputed, served, strict=True)) > 1e-2  # not recomputed
+        old = _hf_logprobs(old_model, PROMPT, tokens[:switch])
+        assert max(abs(a - b) for a, b in zip(old, lps[:switch], strict=True)) < 1e-3
+    finally:
+        keep_sender.shutdown()
+        server.stop()
+        with torch.no_grad():  # leave the trainer model as it was
+            for (_, p), (_, o) in zip(trainer_model.named_parameters(), original, strict=True):
+                p.copy_(o)

@@ -127,3 +127,64 @@ def test_a_failed_or_oversized_capture_keeps_nothing(monkeypatch: pytest.MonkeyP
         fresh = CpuWeightReload(model)
         layerwise_update(model, fresh, weights(1.0))
         assert (fresh.ready, fresh.refused) == (ready, not ready)
+
+
+def product(self: UnquantizedLinearMethod, layer: torch.nn.Module, x: torch.Tensor, bias: object = None) -> torch.Tensor:
+    """Stands in for the packed kernel: the product with what `pack` kept."""
+    return x @ layer.packed.t()
+
+
+def test_an_update_prepared_ahead_of_the_pause_touches_nothing_the_engine_reads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(UnquantizedLinearMethod, "apply", product)
+    model = started()
+    reload = CpuWeightReload(model)
+    layerwise_update(model, reload, weights(1.0))
+    assert reload.routes == {"a.weight": {"a.weight"}, "b.weight": {"b.weight"}, "embed.weight": {"embed.weight"}}
+    live = {m: (getattr(model, m).packed, getattr(model, m).weight) for m in ("a", "b")}
+    prepared = reload.prepare(weights(2.0))
+    assert prepared is not None and set(prepared.stand_ins) == {"a", "b"}
+    assert [n for n, _ in prepared.rest] == ["embed.weight"] and prepared.loaded == {"a.weight", "b.weight"}
+    for m, (packed, weight) in live.items():  # the engine still runs the old packs; the layers hold their placeholders
+        assert getattr(model, m).packed is packed and getattr(model, m).weight is weight and weight.numel() == 0
+    assert torch.equal(model.a.packed, torch.full((2, 3), 1.0)) and torch.equal(model.embed.weight,
+                                                                              torch.full((4, 2), 3.0))
+    reload.begin()  # the pause: install the packs, load and process the rest
+    reload.apply_prepared(prepared)
+    reload.load(prepared.rest)
+    reload.finish()
+    assert torch.equal(model.a.packed, torch.full((2, 3), 2.0)) and torch.equal(model.b.packed, torch.full((3, 2), 4.0))
+    assert model.a.weight.numel() == 0 and torch.equal(model.embed.weight, torch.full((4, 2), 6.0))
+    reload.begin()  # and an update without preparation after it is exact too
+    reload.load(weights(5.0))
+    reload.finish()
+    assert torch.equal(model.a.packed, torch.full((2, 3), 5.0)) and torch.equal(model.b.packed, torch.full((3, 2), 10.0))
+
+
+def test_layers_with_a_bias_or_kernels_that_read_the_weight_are_left_to_the_pause(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(UnquantizedLinearMethod, "apply", product)
+    model = started()
+    model.b.register_parameter("bias", torch.nn.Parameter(torch.zeros(3), requires_grad=False))
+    reload = CpuWeightReload(model)
+    layerwise_update(model, reload, weights(1.0))
+    prepared = reload.prepare(weights(2.0))
+    assert prepared is not None and set(prepared.stand_ins) == {"a"}
+    assert sorted(n for n, _ in prepared.rest) == ["b.weight", "embed.weight"]
+    reload.begin()
+    reload.apply_prepared(prepared)
+    reload.load(prepared.rest)
+    reload.finish()
+    assert torch.equal(model.a.packed, torch.full((2, 3), 2.0)) and torch.equal(model.b.packed, torch.full((3, 2), 4.0))
+
+    def aliasing_pack(self: UnquantizedLinearMethod, layer: torch.nn.Module) -> None:
+        """A kernel that keeps reading the weight's memory: loading ahead would change what the engine runs."""
+        layer.packed = layer.weight.detach()
+        layer.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+
+    monkeypatch.setattr(UnquantizedLinearMethod, "process_weights_after_loading", aliasing_pack)
+    model = started()
+    reload = CpuWeightReload(model)
+    layerwise_update(model, reload, weights(1.0))
+    assert reload.prepare(weights(2.0)) is None  # the probe saw the kernel read the weight: nothing ahead
+    assert torch.equal(model.a.packed, torch.full((2, 3), 1.0))

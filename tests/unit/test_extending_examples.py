@@ -216,7 +216,7 @@ def test_task_reward_function_scores_through_the_reward_role(user_package: Path)
     assert cfg.task.reward == "my_envs.near_miss:near_miss"
     items = [{"task": "arithmetic", "prompt": "3+4=", "response": r, "metadata": {"answer": "7"}}
              for r in ("7<eos>", " 8 <eos>9", "6", "x", "7")]
-    app = create_app({}, token=None, scorer=scorer_for(cfg.task.reward))
+    app = create_app({}, token=None, scorer=scorer_for(cfg.task))
 
     async def post(body: dict[str, Any]) -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:

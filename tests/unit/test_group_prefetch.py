@@ -207,7 +207,10 @@ def test_publish_ahead_counts_the_step_being_pushed_and_keeps_the_previous_metri
     doc = published[-1]
     assert (doc["version"], doc["trained"], doc["consumed"]) == (4, {"env0": 7, "env1": 5}, {"env0": 1, "env1": 1})
     assert doc["checksum"] == {} and doc["metrics"] == {"reward/mean": 0.25}
+    assert (published[-2]["metrics_version"], doc["metrics_version"]) == (3, 3)  # version 4's doc: step 3's figures
     assert runner.report.counters.trained_by_writer == {"env0": 6, "env1": 4}  # after_step counts the step in
+    runner.report.publish(4, {"reward/mean": 0.5})
+    assert (published[-1]["version"], published[-1]["metrics_version"]) == (4, 4)
 
 
 def test_consumed_counts_only_taken_groups_and_staleness_is_judged_when_taken() -> None:

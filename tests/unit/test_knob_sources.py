@@ -22,7 +22,8 @@ from asyncrl.sim.config import DEFAULT_JOB, SCHEDULER_KEYS
 SHARED = {"async_ratio": "async_ratio", "prompts_per_step": "prompts_per_step", "samples_per_prompt": "group_size",
           "max_new_tokens": "max_new_tokens", "routing": "routing", "replicate_prompts": "replicate",
           "extra_samples_per_prompt": "extra_samples", "extra_groups": "extra_groups",
-          "dynamic_filter": "dynamic_filter", "replace_failed": "replace_failed", "partial_rollout": "partial_rollout"}
+          "dynamic_filter": "dynamic_filter", "replace_failed": "replace_failed", "partial_rollout": "partial_rollout",
+          "max_refill": "max_refill"}
 
 
 def test_the_run_config_takes_the_scheduler_defaults() -> None:
@@ -34,11 +35,11 @@ def test_the_run_config_takes_the_scheduler_defaults() -> None:
 def test_a_run_maps_to_its_writers_scheduler() -> None:
     ro = load_config(None, ["rollout.prompts_per_step=8", "rollout.num_writers=2", "rollout.samples_per_prompt=4",
                             "rollout.routing=round_robin", "rollout.extra_samples_per_prompt=1",
-                            "rollout.mode=sync", "rollout.replace_failed=2",
+                            "rollout.mode=sync", "rollout.replace_failed=2", "rollout.max_refill=5",
                             "training.micro_batch_size=32"]).rollout
     s = ro.scheduler_config(num_servers=3, writer="env1", incarnation=5)
     assert (s.async_ratio, s.prompts_per_step, s.group_size, s.num_servers, s.extra_samples) == (0, 4, 4, 3, 1)
-    assert (s.routing, s.writer, s.incarnation, s.replace_failed) == ("round_robin", "env1", 5, 2)
+    assert (s.routing, s.writer, s.incarnation, s.replace_failed, s.max_refill) == ("round_robin", "env1", 5, 2, 5)
     for run_key, sched_key in SHARED.items():
         if run_key not in ("prompts_per_step", "async_ratio"):
             assert getattr(s, sched_key) == getattr(ro, run_key), run_key
@@ -50,6 +51,7 @@ def test_sim_config_takes_flat_scheduler_keys() -> None:
     cfg = SimConfig.of(gpus=4, async_ratio=3, prompts_per_step=32, group_size=4, routing="least_requests")
     assert cfg.scheduler == SchedulerConfig(async_ratio=3, prompts_per_step=32, group_size=4, routing="least_requests")
     assert SimConfig().scheduler == DEFAULT_JOB and DEFAULT_JOB.prompts_per_step == 16
+    assert SimConfig.of(dynamic_filter=True, max_refill=0).scheduler.max_refill == 0
     flat = cfg.flat()
     assert flat["async_ratio"] == 3 and flat["gpus"] == 4 and "scheduler" not in flat and "num_servers" not in flat
     assert SimConfig.of(**{k: v for k, v in flat.items() if k not in ("slowdowns", "failures")}) == cfg

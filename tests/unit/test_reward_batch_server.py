@@ -159,3 +159,33 @@ def test_the_openapi_page_names_the_batch_route() -> None:
     r = _calls(create_app(token=TOKEN), ("GET", "/openapi.json", {"headers": AUTH}))[0]
     spec = json.loads(r.text)
     assert "/score_batch" in spec["paths"] and "/score" in spec["paths"]
+
+
+def test_the_math_verifier_scores_through_the_batch_route() -> None:
+    from asyncrl.config.schema import TaskConfig
+    from asyncrl.rewards.custom import scorer_for
+
+    stats: dict[str, int] = {}
+    app = create_app(stats, token=TOKEN, scorer=scorer_for(TaskConfig(verifier="math", format_reward=0.25)))
+    items = [
+        _item("1 + 1 = 2, so \\boxed{2}.", answer="#### 2"),   # correct, explicit
+        _item("1 + 1 is 2 I think", answer="#### 2"),           # correct, the last number only
+        _item("The answer is 3.", answer="2"),                  # wrong, explicit: the format weight alone
+        _item("\\boxed{\\frac{4}{2}}", answer="2"),            # correct: a fraction equal to the integer
+        _item("no idea", answer="2"),                           # nothing to extract
+        _item("\\boxed{2}", task="gsm8k"),                      # not this run's task: refused
+    ]
+    r = _calls(app, ("POST", "/score_batch", {"json": {"items": items}, "headers": AUTH}))[0]
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [x.get("reward") for x in results] == [1.25, 1.0, 0.25, 1.25, 0.0, None]
+    assert results[0]["details"] == {"correct": True, "extracted": "2", "method": "boxed", "expected": "2",
+                                     "format": True}
+    assert results[1]["details"]["method"] == "last_number" and results[1]["details"]["format"] is False
+    assert results[2]["details"] == {"correct": False, "extracted": "3", "method": "answer_is", "expected": "2",
+                                     "format": True}
+    assert results[4]["details"] == {"correct": False, "extracted": None, "method": None, "expected": "2",
+                                     "format": False}
+    assert results[5] == {"error": {"status": 422, "detail": "task: expected 'arithmetic' (this run's task.name), "
+                                                             "got 'gsm8k'"}}
+    assert stats == {"scored": 5, "rejected": 1}

@@ -147,6 +147,52 @@ def test_dynamic_filter_drops_groups_without_signal_and_admission_replaces_them(
     assert finish(s, g2[1], reward=1.0) == [EmitGroup(g2[0].group_id, 0, 0, (0, 1))]
 
 
+def test_dynamic_filter_refills_are_bounded_per_step():
+    """max_refill 2, W 1: step 0 drops two all-equal groups (each replaced by admission), the third is emitted anyway
+    (A = 0 when trained) and counted; step 1 gets its own two refills."""
+    s = make(alpha=0, b=1, n=2, servers=1, dynamic_filter=True, max_refill=2)
+    outs = []
+    for _ in range(3):
+        (g,) = admit_all(s)
+        finish(s, g[0], reward=0.0)
+        outs.append(finish(s, g[1], reward=0.0))
+    assert [type(o[-1]) for o in outs] == [DropGroup, DropGroup, EmitGroup]
+    assert outs[2] == [EmitGroup("env0-000000002", 0, 0, (0, 1))]
+    assert (s.stats.admitted, s.stats.filtered_groups, s.stats.emitted, s.stats.refill_exhausted_groups) == (3, 2, 1, 1)
+    assert not s.can_admit()
+    s.version_advanced(1, trained=1, consumed=1)
+    (g,) = admit_all(s)
+    finish(s, g[0], reward=1.0)
+    assert finish(s, g[1], reward=1.0) == [DropGroup(g[0].group_id, "filtered: all 2 rewards are 1.0")]
+    assert (s.stats.filtered_groups, s.stats.refill_exhausted_groups) == (3, 1)
+
+
+def test_max_refill_zero_never_drops_a_group():
+    s = make(alpha=0, b=2, n=2, servers=1, dynamic_filter=True, max_refill=0)
+    g0, g1 = admit_all(s)
+    finish(s, g0[0], reward=1.0)
+    assert finish(s, g0[1], reward=1.0) == [EmitGroup(g0[0].group_id, 0, 0, (0, 1))]
+    finish(s, g1[0], reward=0.0)
+    assert finish(s, g1[1], reward=1.0) == [EmitGroup(g1[0].group_id, 1, 0, (0, 1))]
+    assert (s.stats.filtered_groups, s.stats.refill_exhausted_groups, s.stats.emitted) == (0, 1, 2)
+
+
+def test_refills_count_for_the_step_the_next_emitted_group_fills():
+    """α 1, W 2, max_refill 1: two filtered groups per step. With n = 1 every group is all-equal. The window holds
+    steps 0 and 1; the step a group would fill is (trained + written unconsumed) // W, so step 0's refills are spent
+    before its first group is written, and step 1's budget opens once step 0's two groups are written, before any
+    version moves."""
+    s = make(alpha=1, b=2, n=1, servers=1, dynamic_filter=True, max_refill=1)
+    queue: list[Start] = []
+    kinds = []
+    for _ in range(7):
+        queue += [g[0] for g in admit_all(s)]
+        kinds.append(type(finish(s, queue.pop(0))[-1]).__name__)
+    assert kinds == ["DropGroup", "DropGroup", "EmitGroup", "EmitGroup", "DropGroup", "DropGroup", "EmitGroup"]
+    assert (s.stats.filtered_groups, s.stats.refill_exhausted_groups, s.stats.emitted) == (4, 3, 3)
+    assert s.emitted_unconsumed == 3 and s.version == 0 and s.stats.admitted == 8
+
+
 def test_stale_running_groups_are_aborted_and_replaced():
     s = make(alpha=1, b=1, n=2, servers=2)
     g0, g1 = admit_all(s)  # both start_version 0
@@ -252,6 +298,8 @@ def test_bad_arguments_name_the_field():
         make(n=0)
     with pytest.raises(ValueError, match="extra_groups"):
         make(extra_groups=-1)
+    with pytest.raises(ValueError, match="max_refill: expected >= 0, got -1"):
+        make(max_refill=-1)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -261,7 +309,8 @@ def test_invariants_hold_under_random_event_sequences(seed):
     rng = random.Random(seed)
     s = make(alpha=rng.randint(0, 2), b=rng.randint(1, 3), n=rng.randint(1, 3), servers=rng.randint(1, 3),
              extra_samples=rng.randint(0, 2), extra_groups=rng.randint(0, 2), dynamic_filter=rng.random() < 0.5,
-             partial_rollout=rng.choice(["continue", "resubmit"]), replace_failed=rng.randint(0, 2))
+             partial_rollout=rng.choice(["continue", "resubmit"]), replace_failed=rng.randint(0, 2),
+             max_refill=rng.randint(0, 2))
     running: dict[str, Start] = {}
     awaiting: list[tuple[str, int]] = []
     emitted: list[EmitGroup] = []

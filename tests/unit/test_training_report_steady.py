@@ -27,7 +27,7 @@ def group(gid: str, version: int) -> Group:
 
 def report() -> TrainingReport:
     stats = SimpleNamespace(retries=0, gave_up=0, requests_total=lambda: 0, missing_gets=lambda: 0)
-    cfg = SimpleNamespace(rollout=SimpleNamespace(async_ratio=1))
+    cfg = SimpleNamespace(rollout=SimpleNamespace(async_ratio=1, overlong="keep"))
     ctx = SimpleNamespace(store=SimpleNamespace(stats=stats), paths=RunPaths("runs", "r"), cfg=cfg)
     groups = SimpleNamespace(quarantined=[], gaps_skipped=[])
     weights = SimpleNamespace(metrics=lambda: {})
@@ -51,3 +51,4 @@ def test_steady_wall_time_runs_from_the_end_of_the_step_before(monkeypatch: pyte
     assert c.train_wall_s == pytest.approx(4 * 0.35)  # the steps' own wait + train + sync, summed
     assert metrics[-1]["time/step_s"] == pytest.approx(0.35)
     assert metrics[-1]["throughput/samples_per_s"] == pytest.approx(8 / 0.35)
+    assert (metrics[-1]["train/response_length_mean"], metrics[-1]["train/truncated_fraction"]) == (2.0, 0.0)

@@ -14,6 +14,7 @@ from asyncrl.weights.buckets import (
     plan_buckets,
     unpack_bucket,
     weights_checksum,
+    wire_tensors,
 )
 
 
@@ -127,6 +128,23 @@ def test_checksum_invariant_to_fusing_and_tying() -> None:
     changed = [("qkv", torch.cat([q, k, v]).clone()), ("gate_up", torch.cat([gate, up])), ("embed", emb)]
     changed[0][1][3, 2] = torch.nextafter(changed[0][1][3, 2], torch.tensor(10.0))  # one ulp
     assert not checksums_match(a, weights_checksum(changed))
+
+
+def test_wire_tensors_cast_floating_point_only_and_round_to_nearest_even() -> None:
+    half_ulp, three_quarter_ulp = 1.0 + 2.0**-8, 1.0 + 3 * 2.0**-9  # bf16 spacing at 1.0 is 2**-7
+    w = torch.tensor([half_ulp, three_quarter_ulp, -2.0], dtype=torch.float32)
+    ids = torch.tensor([3, 4], dtype=torch.int64)
+    already = torch.tensor([0.5], dtype=torch.bfloat16)
+    out = dict(wire_tensors([("w", w), ("ids", ids), ("b", already)], torch.bfloat16))
+    assert out["w"].dtype == torch.bfloat16 and out["w"].tolist() == [1.0, 1.0078125, -2.0]  # a tie goes to even
+    assert out["ids"] is not ids and out["ids"].data_ptr() == ids.data_ptr()  # detached, not copied
+    assert out["b"].data_ptr() == already.data_ptr()
+    # what an engine in bf16 holds after loading the float32 tensor (a copy into its bf16 parameter) is bit-identical
+    loaded = torch.empty(3, dtype=torch.bfloat16).copy_(w)
+    assert weights_checksum([("w", loaded)]) == weights_checksum([("w", out["w"])])
+    assert weights_checksum([("w", w)]) != weights_checksum([("w", out["w"])])
+    same = wire_tensors([("w", w)], None)
+    assert same[0][1].dtype == torch.float32 and same[0][1].data_ptr() == w.data_ptr()
 
 
 def test_rendezvous_refuses_an_address_this_host_does_not_have() -> None:

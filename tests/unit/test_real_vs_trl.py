@@ -1,0 +1,30 @@
+"""The real-job benchmark's figures from an asyncrl run summary and a TRL result: exact numbers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from real_vs_trl import asyncrl_figures, compare  # noqa: E402
+
+
+def test_the_asyncrl_curve_is_against_the_launchers_wall_clock() -> None:
+    summary = {"eval_curve": {"0": 0.18, "8": 0.25, "4": 0.2}, "eval_curve_wall_s": {"0": 60.0, "4": 400.0},
+               "eval_accuracy_before": 0.18, "eval_accuracy_after": 0.25, "response_tokens_trained": 9000,
+               "train_wall_s": 600.0, "wall_s": 700.0, "final_version": 8, "samples_per_s": 0.9}
+    fig = asyncrl_figures(summary)
+    assert fig["points"] == [{"version": 0, "accuracy": 0.18, "wall_s": 60.0},
+                             {"version": 4, "accuracy": 0.2, "wall_s": 400.0},
+                             {"version": 8, "accuracy": 0.25, "wall_s": None}]  # a point without its time
+    assert fig["trained_response_tokens_per_s"] == 15.0 and fig["steps"] == 8
+
+
+def test_compare_reports_the_ratio_and_both_gains() -> None:
+    out = compare({"asyncrl": {"trained_response_tokens_per_s": 30.0, "accuracy_before": 0.18, "accuracy_after": 0.3},
+                   "trl": {"trained_response_tokens_per_s": 20.0, "accuracy_before": 0.18, "accuracy_after": 0.2}})
+    assert out["trained_tokens_per_s"]["ratio"] == 1.5
+    assert out["asyncrl_gain"] == pytest.approx(0.12) and out["trl_gain"] == pytest.approx(0.02)
+    assert compare({"asyncrl": {"status": "failed"}, "trl": {"status": "unavailable"}}) == {}
