@@ -1,8 +1,9 @@
 """How many sequences a generation engine's KV cache holds: pure arithmetic on the model's `config.json`.
 
 Owns the check that `generation.kv_cache_gib` can hold `generation.max_num_seqs` sequences of `max_model_len` tokens.
-When it cannot, vLLM still admits `max_num_seqs` requests but preempts some of them as their KV grows (their KV is
-dropped and recomputed later): the batch is smaller than configured and work is done twice. On SmolLM2-135M (30
+When it cannot, vLLM still admits `max_num_seqs` requests, allocating KV blocks as sequences grow, and once the cache
+is full it preempts some of them (their KV is dropped and recomputed later): the batch is smaller than configured and
+work is done twice. Answers that end early need fewer blocks, so this is the worst case, and a warning, not an error. On SmolLM2-135M (30
 layers, 3 KV heads of 64) a token's KV is 46,080 bytes in float32, so the default 0.25 GiB holds 364 blocks of 16 tokens:
 16 sequences of 352 tokens, not 64.
 
@@ -56,5 +57,5 @@ def kv_cache_warning(model_config: Mapping[str, Any], dtype: str, kv_cache_gib: 
         return None
     need = gib_for(model_config, dtype, max_num_seqs, max_model_len)
     return (f"generation.kv_cache_gib: {kv_cache_gib:g} GiB holds {fit} sequences of max_model_len "
-            f"{max_model_len} tokens in {dtype}, fewer than generation.max_num_seqs {max_num_seqs}: vLLM will "
-            f"preempt and recompute sequences as they grow; {need:.2f} GiB holds them all")
+            f"{max_model_len} tokens in {dtype}, fewer than generation.max_num_seqs {max_num_seqs}: when that many "
+            f"grow long, vLLM preempts some and recomputes them later; {need:.2f} GiB holds them all")

@@ -66,9 +66,7 @@ class PeriodicEval:
         self.ctx, self.cfg = ctx, ctx.cfg
         self.every, self.attempts = self.cfg.eval.every_steps, self.cfg.eval.attempts
         self.server_urls, self.tokenizer = server_urls, tokenizer
-        self.prompt = prompt_format(self.cfg, tokenizer) if self.cfg.env is None else None
-        self.stop_ids = stop_token_ids(tokenizer, model_folder, chat=self.prompt is not None and
-                                       self.prompt.format == "chat")
+        self.model_folder = model_folder
         self.problems = load_split(self.cfg.task, "eval") if self.cfg.env is None else []
         self.recorded: set[int] = set()
         self.points = 0
@@ -80,11 +78,13 @@ class PeriodicEval:
         deadline = max(cfg.timeouts.http_s, cfg.rollout.request_timeout_s)
         if cfg.env is not None:
             return await evaluate_agentic(self.server_urls, cfg, self.tokenizer, timeout_s=deadline, tag=tag)
+        prompt = prompt_format(cfg, self.tokenizer)  # the prompts as the rollout sends them, ended by every end id
+        stop_ids = stop_token_ids(self.tokenizer, self.model_folder, chat=prompt.format == "chat")
         return await evaluate(self.server_urls, self.problems, self.tokenizer, task=cfg.task.name,
                               max_new_tokens=cfg.rollout.max_new_tokens, timeout_s=deadline, tag=tag,
                               scorer=scorer_for(cfg.task), pass_k=cfg.eval.pass_k,
                               pass_k_problems=cfg.eval.pass_k_prompts, temperature=cfg.rollout.temperature,
-                              top_p=cfg.rollout.top_p, prompt=self.prompt, stop_ids=self.stop_ids)
+                              top_p=cfg.rollout.top_p, prompt=prompt, stop_ids=stop_ids)
 
     async def trainer_version(self) -> int:
         doc = await asyncio.to_thread(self.ctx.store.get_json, self.ctx.paths.versions_latest())

@@ -108,7 +108,7 @@ def tree_cpu_s() -> dict[str, float]:
 # ---- one configuration (child process) -----------------------------------------------------------------------------
 async def run_config(spec: dict[str, Any]) -> dict[str, Any]:
     from asyncrl.generation.engine import EngineSettings, GenerateParams, GenerationEngine
-    from asyncrl.generation.kv_budget import gib_for
+    from asyncrl.generation.kv_budget import BLOCK_SIZE, gib_for
     from real_parts.engine_flops import ModelShape, batch_work
     from real_parts.matmul_peak import measure_matmul_peak
 
@@ -147,7 +147,7 @@ async def run_config(spec: dict[str, Any]) -> dict[str, Any]:
         rows = []
         for k, mode in enumerate(modes):
             ps = prompts[k * n:(k + 1) * n]
-            cached = common_prefix(ps)
+            cached = common_prefix(ps) // BLOCK_SIZE * BLOCK_SIZE  # vLLM's prefix cache serves whole blocks only
             cpu0, load0 = tree_cpu_s(), os.getloadavg()[0]
             t = time.perf_counter()
             outs = await batch(ps, greedy=mode == "greedy", tokens=max_tokens, tag=mode)

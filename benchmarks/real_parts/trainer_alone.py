@@ -81,6 +81,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "float32_tokens_4096": {"dtype": "float32", "training": {"micro_batch_size": 64, "micro_batch_tokens": 4096}},
     "float32_tokens_4096_ckpt": {"dtype": "float32", "training": {"micro_batch_size": 64, "micro_batch_tokens": 4096,
                                                                   "gradient_checkpointing": True}},
+    # an experiment, not a trainer setting: each decoder layer compiled by torch.compile (inductor: fused C++ kernels
+    # for the elementwise work around the matrix products); the warm-up step compiles
+    "float32_tokens_2048_compiled": {"dtype": "float32", "compile_layers": True,
+                                     "training": {"micro_batch_size": 64, "micro_batch_tokens": 2048}},
     # bf16 on a CPU without native bf16 multiplies at ~1-3 GFLOP/s: one small step only
     "bfloat16_tokens_4096_small": {"dtype": "bfloat16", "samples": 2, "warmup": False, "steps": 1,
                                    "training": {"micro_batch_size": 64, "micro_batch_tokens": 4096}},
@@ -278,6 +282,9 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     trainer = PolicyTrainer(model_path, cfg, batch_size=batch.num_samples)
     init_s = time.monotonic() - t0
     rss_init = _rss_gb()
+    if spec.get("compile_layers"):
+        for layer in trainer.engine.module.model.layers:
+            layer.compile(dynamic=True)
     model = trainer.engine.module
     n_params = sum(p.numel() for p in model.parameters())
     n_embed = model.get_input_embeddings().weight.numel()

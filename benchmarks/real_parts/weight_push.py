@@ -76,8 +76,8 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 class Progress:
     """Tokens decoded so far by the requests in flight (sum of max_tokens - load), sampled every `every_s`."""
 
-    def __init__(self, url: str, owed: int, every_s: float = 0.02) -> None:
-        self.url, self.owed, self.every_s = url, owed, every_s
+    def __init__(self, url: str, owed: int, requests: int, every_s: float = 0.02) -> None:
+        self.url, self.owed, self.requests, self.every_s = url, owed, requests, every_s
         self.samples: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -86,7 +86,8 @@ class Progress:
         with httpx.Client(timeout=30) as c:
             while not self._stop.is_set():
                 h = c.get(f"{self.url}/health").json()
-                self.samples.append((time.monotonic(), self.owed - int(h["load"])))
+                if int(h["running"]) + int(h["waiting"]) == self.requests:  # all of the load is in the server
+                    self.samples.append((time.monotonic(), self.owed - int(h["load"])))
                 time.sleep(self.every_s)
 
     def start(self) -> None:
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
                 batch = threading.Thread(target=lambda b=body: httpx.post(f"{url}/generate_batch", json=b,
                                                                           timeout=3600).read(), daemon=True)
                 batch.start()
-                progress = Progress(url, owed)
+                progress = Progress(url, owed, a.load_seqs)
                 progress.start()
                 progress.wait_tokens(a.load_seqs * 16, timeout_s=1800)  # every sequence prefilled and decoding
                 time.sleep(2.0)

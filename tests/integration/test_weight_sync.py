@@ -5,6 +5,8 @@ servers are ranks 1 and 2 of a gloo group (world size 3). The second server is t
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -413,13 +415,19 @@ def test_a_receive_that_fails_leaves_the_server_serving_its_version(
         assert httpx.get(f"{url}/weights/checksum").json()["checksum"] == weights_checksum(named)
 
 
+def _short_dir(prefix: str) -> Path:
+    """A folder with a short path: vLLM's IPC socket paths under it must stay within 107 characters."""
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
 def test_a_bf16_server_holds_exactly_the_bf16_weights_pushed(
-    servers: tuple[list[ServerProcess], Path], trainer_model: torch.nn.Module, tmp_path: Path
+    servers: tuple[list[ServerProcess], Path], trainer_model: torch.nn.Module
 ) -> None:
     """generation.dtype bfloat16: the trainer's float32 weights travel cast to bf16 (`wire_tensors`); the server's
     received checksum is that of the bf16 tensors, bit for bit, and its log-probs follow the pushed weights, on the
     layerwise first update and on the fast, staged later ones."""
-    server = start_server(servers[1], tmp_path / "bf16", max_model_len=256, dtype="bfloat16")
+    work = _short_dir("asyncrl-bf16-")
+    server = start_server(servers[1], work, max_model_len=256, dtype="bfloat16")
     bf16_sender = WeightSender([server.url], backend="gloo", timeout_s=60, bucket_bytes=64 * 1024)
     original = [(n, p.detach().clone()) for n, p in trainer_model.named_parameters()]
     try:
@@ -448,6 +456,7 @@ def test_a_bf16_server_holds_exactly_the_bf16_weights_pushed(
     finally:
         bf16_sender.shutdown()
         server.stop()
+        shutil.rmtree(work, ignore_errors=True)
         with torch.no_grad():  # leave the trainer model as it was
             for (_, p), (_, o) in zip(trainer_model.named_parameters(), original, strict=True):
                 p.copy_(o)
@@ -467,14 +476,15 @@ def _hf_logprobs_old_kv(old: torch.nn.Module, new: torch.nn.Module, prompt: list
 
 
 def test_kept_kv_spans_an_update_and_the_prefix_cache_never_crosses_versions(
-    servers: tuple[list[ServerProcess], Path], trainer_model: torch.nn.Module, tmp_path: Path
+    servers: tuple[list[ServerProcess], Path], trainer_model: torch.nn.Module
 ) -> None:
     """generation.kv_after_update keep: a request in flight at an update keeps the KV its earlier tokens got from the
     old weights (its later log-probs are exactly those of the new weights over that old KV, not the new model's own),
     and a request started after the update never reuses a cached prompt block of the old weights."""
     import copy
 
-    server = start_server(servers[1], tmp_path / "keep", kv_after_update="keep")
+    work = _short_dir("asyncrl-keep-")
+    server = start_server(servers[1], work, kv_after_update="keep")
     keep_sender = WeightSender([server.url], backend="gloo", timeout_s=60, bucket_bytes=64 * 1024)
     original = [(n, p.detach().clone()) for n, p in trainer_model.named_parameters()]
     long_prompt = [3 + (7 * i) % 50 for i in range(40)]  # two full KV blocks of 16 tokens: cached
@@ -523,6 +533,7 @@ def test_kept_kv_spans_an_update_and_the_prefix_cache_never_crosses_versions(
     finally:
         keep_sender.shutdown()
         server.stop()
+        shutil.rmtree(work, ignore_errors=True)
         with torch.no_grad():  # leave the trainer model as it was
             for (_, p), (_, o) in zip(trainer_model.named_parameters(), original, strict=True):
                 p.copy_(o)
