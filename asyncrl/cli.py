@@ -153,8 +153,12 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
     if args.command == "validate":
         print(json.dumps(cfg.model_dump(mode="json"), indent=2))
-        from asyncrl.tasks.preview import prompt_preview
-
+        try:
+            from asyncrl.tasks.preview import prompt_preview
+        except ImportError as err:  # the bare package (no `roles` extra) validates without a tokenizer
+            print(f"asyncrl: no prompt preview: {err.name} is not installed (pip install 'asyncrl[roles]')",
+                  file=sys.stderr)
+            return
         try:  # to stderr: stdout is the resolved configuration, JSON
             preview = prompt_preview(cfg)
         except ValueError as err:

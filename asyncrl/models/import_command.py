@@ -19,9 +19,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from asyncrl.models.gguf_import import DTYPES, import_gguf, reusable
-from asyncrl.models.gguf_meta import GgufImportError
-from asyncrl.models.gguf_source import PIP_TIMEOUT_S, PypiSource, gguf_from_package, parse_source
+# Only what the parser needs at import time: `asyncrl --help` and every other command build this parser, and the
+# import itself needs the `models` extra (torch, transformers, gguf, boto3 through the folder checks).
+from asyncrl.models.gguf_meta import DTYPES, PIP_TIMEOUT_S, GgufImportError
 
 
 def add_parser(sub: Any) -> None:
@@ -77,6 +77,8 @@ def _summary(doc: dict[str, Any], out: Path) -> int:
 def run_import(args: argparse.Namespace) -> int:
     """The command; its exit status (see the module docstring)."""
     _quiet_libraries()
+    from asyncrl.models.gguf_import import import_gguf, reusable
+    from asyncrl.models.gguf_source import PypiSource, gguf_from_package, parse_source
     from asyncrl.models.import_check import check_folder
 
     def check(folder: Path, dtype: str) -> dict[str, Any]:

@@ -80,8 +80,18 @@ async def run_environment(ctx: RoleContext) -> None:
             await driver.run()
         finally:
             if evaluating is not None:
-                evaluating.cancel()
-                await asyncio.gather(evaluating, return_exceptions=True)
+                await cancel_until_done(evaluating)
+
+
+async def cancel_until_done(task: asyncio.Task[None], every_s: float = 1.0) -> None:
+    """Cancel `task` and wait for it to end, cancelling it again every `every_s` while it runs: an await that
+    drops a cancellation (Python 3.11's `asyncio.wait_for` does when its inner future completes at that moment,
+    and libraries may) must not keep a stopping role alive past its grace."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=every_s)
+    if not task.cancelled():
+        task.exception()  # retrieved (an error while stopping is not this caller's to raise)
 
 
 async def run_until_over(ctx: RoleContext, signals: StopSignal | None = None) -> RunOver | None:
@@ -101,8 +111,7 @@ async def run_until_over(ctx: RoleContext, signals: StopSignal | None = None) ->
         await asyncio.gather(watch, stopped, return_exceptions=True)
         work.result()  # the writer's own error, if any
         return None
-    work.cancel()
-    await asyncio.gather(work, return_exceptions=True)
+    await cancel_until_done(work)
     if stopped in finished:
         watch.cancel()
         await asyncio.gather(watch, return_exceptions=True)

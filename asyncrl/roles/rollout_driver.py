@@ -376,9 +376,9 @@ class RolloutDriver:
             for server in await self.gens.returned(self.sched.servers_down, self.sched.min_trainable_version()):
                 await self.apply(self.sched.server_returned(server))
             await self.apply(self.admit())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._task_ended.wait(),
-                                       HINT_POLL_S if self.hinted(time.monotonic()) else POLL_S)
+            with contextlib.suppress(TimeoutError):  # not wait_for: Python 3.11's drops a cancel meeting a set event
+                async with asyncio.timeout(HINT_POLL_S if self.hinted(time.monotonic()) else POLL_S):
+                    await self._task_ended.wait()
             self._task_ended.clear()
             if time.monotonic() - last_stats > interval:
                 last_stats = time.monotonic()

@@ -487,7 +487,7 @@ def test_kept_kv_spans_an_update_and_the_prefix_cache_never_crosses_versions(
     server = start_server(servers[1], work, kv_after_update="keep")
     keep_sender = WeightSender([server.url], backend="gloo", timeout_s=60, bucket_bytes=64 * 1024)
     original = [(n, p.detach().clone()) for n, p in trainer_model.named_parameters()]
-    long_prompt = [3 + (7 * i) % 50 for i in range(40)]  # two full KV blocks of 16 tokens: cached
+    long_prompt = [3 + (7 * i) % 27 for i in range(40)]  # two full KV blocks of 16 tokens: cached
 
     def generate(request_id: str, max_tokens: int) -> dict[str, Any]:
         body = {"request_id": request_id, "prompt_token_ids": long_prompt, "max_tokens": max_tokens,
