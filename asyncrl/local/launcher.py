@@ -266,14 +266,21 @@ class EmbeddedRun:
             store = S3Store(s3.endpoint_url, cfg.storage.bucket, region=cfg.storage.region)
             self.write_run_documents(store, model_path)
             self.procs = ProcessGroup(self.run_dir / "logs", self.child_env(s3))
+            interrupted = False
             try:
                 return self._run_roles(store, t_start)
+            except KeyboardInterrupt:
+                interrupted = True
+                raise
             finally:
                 _print("stopping all roles")
                 self.procs.stop_all()
                 if not self.rpc_dir().is_relative_to(self.run_dir.resolve()):
                     shutil.rmtree(self.rpc_dir(), ignore_errors=True)
-                if self.tracker is not None:  # every checkpoint as an MLflow model, before this S3 server stops
+                if interrupted:  # stop now: copying every checkpoint into MLflow can take minutes
+                    _print(f"checkpoints not logged to MLflow (interrupted); they stay in {self.run_dir}, and "
+                           f"`asyncrl run --resume {cfg.run_id}` continues the run")
+                elif self.tracker is not None:  # every checkpoint as an MLflow model, before this S3 server stops
                     self.publish_models(store)
                 finish_tracking(self.tracker, succeeded=(self.run_dir / "run_summary.json").exists())
 

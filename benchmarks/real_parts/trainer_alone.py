@@ -46,7 +46,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[2]
-MODEL = Path("/work/models/smollm2-135m-instruct")
+MODEL = ROOT / ".cache/asyncrl/models/smollm2-135m-instruct"  # make import-smollm2
 PROMPTS, SAMPLES, MAX_NEW = 8, 8, 256
 MEDIAN, SIGMA = 90, 0.7
 SYSTEM = "You are a careful math tutor. Think step by step and end with the final answer as 'Answer: N'."
