@@ -78,12 +78,20 @@ def _resume(args: argparse.Namespace) -> None:
     except (ResumeError, ConfigError) as err:
         print(f"asyncrl run: {err}", file=sys.stderr)
         sys.exit(2)
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    _stop_on_signals()
     run_embedded(cfg, resume=True)
 
 
 def _sigterm_as_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def _stop_on_signals() -> None:
+    """SIGINT and SIGTERM stop a run (every role, then exit 130). SIGINT explicitly: a process started in the
+    background by a shell without job control inherits SIGINT ignored, and Python then installs no handler, so
+    `kill -INT` (or a CI's Ctrl-C) would be dropped while the run went on."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -174,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     from asyncrl.local.launcher import run_embedded
 
-    signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    _stop_on_signals()
     run_embedded(cfg)
 
 

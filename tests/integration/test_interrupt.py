@@ -43,6 +43,24 @@ def _engine_cores(run_dir: Path) -> list[int]:
     return cores
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stuck_report(run_dir: Path, output: bytes | str | None) -> str:
+    """What a launcher that did not exit after Ctrl-C was doing: its output's end, the run's processes still alive
+    and the end of every role's log."""
+    text = output.decode(errors="replace") if isinstance(output, bytes) else (output or "")
+    alive = []
+    for pid in _run_processes(run_dir):
+        with contextlib.suppress(psutil.Error):
+            alive.append(f"{pid} {' '.join(psutil.Process(pid).cmdline())[:160]}")
+    logs = [f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-15:])
+            for f in sorted((run_dir / "logs").glob("*.log"))]
+    return ("the launcher had not exited 120 s after Ctrl-C\n--- launcher output (end)\n" + text[-3000:]
+            + "\n--- processes of the run still alive\n" + "\n".join(alive) + "\n" + "\n".join(logs))
+
+
 def test_ctrl_c_stops_everything(tmp_path):
     runs = tmp_path / "runs"
     run_dir = runs / "interrupt-test"
@@ -54,6 +72,9 @@ def test_ctrl_c_stops_everything(tmp_path):
          # its engine's start, and the Ctrl-C must find the run going
          "--set", "training.steps=100000"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ},
+        # started as a shell without job control starts a background job: SIGINT ignored, which the launcher
+        # inherits (CI runs the suite that way); its Ctrl-C must stop the run all the same
+        preexec_fn=_ignore_sigint,
     )
     try:
         deadline = time.monotonic() + 300
@@ -72,7 +93,10 @@ def test_ctrl_c_stops_everything(tmp_path):
         assert _engine_cores(run_dir), "no vLLM EngineCore process of the run appeared"
         assert len(_run_processes(run_dir)) >= 3
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=120)
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired as err:
+            raise AssertionError(_stuck_report(run_dir, err.output)) from None
     except BaseException:
         kill_run_processes(run_dir)  # a failed test leaves no role or engine behind either
         proc.kill()
