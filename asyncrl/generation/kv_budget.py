@@ -3,9 +3,9 @@
 Owns the check that `generation.kv_cache_gib` can hold `generation.max_num_seqs` sequences of `max_model_len` tokens.
 When it cannot, vLLM still admits `max_num_seqs` requests, allocating KV blocks as sequences grow, and once the cache
 is full it preempts some of them (their KV is dropped and recomputed later): the batch is smaller than configured and
-work is done twice. Answers that end early need fewer blocks, so this is the worst case, and a warning, not an error. On SmolLM2-135M (30
-layers, 3 KV heads of 64) a token's KV is 46,080 bytes in float32, so the default 0.25 GiB holds 364 blocks of 16 tokens:
-16 sequences of 352 tokens, not 64.
+work is done twice. Answers that end early need fewer blocks, so this is the worst case, and a warning, not an error.
+On SmolLM2-135M (30 layers, 3 KV heads of 64) a token's KV is 46,080 bytes in float32, so the default 0.25 GiB holds
+364 blocks of 16 tokens: 16 sequences of 352 tokens, not 64.
 
 Invariants: a token's KV is 2 (K and V) x layers x KV heads x head size x the dtype's bytes; vLLM allocates whole
 blocks of `block_size` tokens per sequence, so a sequence of L tokens takes ceil(L / block_size) blocks.

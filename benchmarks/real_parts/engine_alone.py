@@ -38,7 +38,7 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parents[1]
 ROOT = BENCH.parent
-DEFAULT_MODEL = str(Path(__file__).resolve().parents[2] / ".cache/asyncrl/models/smollm2-135m-instruct")  # make import-smollm2
+DEFAULT_MODEL = str(ROOT / ".cache/asyncrl/models/smollm2-135m-instruct")  # make import-smollm2
 KV_HEADROOM = 1.05  # a little more than whole sequences need (`kv_budget.gib_for` already counts whole blocks)
 
 _NAMES = ["Tom", "Ana", "Ravi", "Mei", "Lucas", "Fatima", "Jonas", "Chloe", "Kenji", "Amara", "Diego", "Sofia"]

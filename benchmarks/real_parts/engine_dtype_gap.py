@@ -27,7 +27,7 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parents[1]
 ROOT = BENCH.parent
-DEFAULT_MODEL = str(Path(__file__).resolve().parents[2] / ".cache/asyncrl/models/smollm2-135m-instruct")  # make import-smollm2
+DEFAULT_MODEL = str(ROOT / ".cache/asyncrl/models/smollm2-135m-instruct")  # make import-smollm2
 
 
 async def sample(model: str, dtype: str, prompts: list[list[int]], max_tokens: int, threads: int) -> dict[str, Any]:

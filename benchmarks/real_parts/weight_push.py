@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_MODEL = str(Path(__file__).resolve().parents[2] / ".cache/asyncrl/models/smollm2-135m-instruct")  # make import-smollm2
+DEFAULT_MODEL = str(ROOT / ".cache/asyncrl/models/smollm2-135m-instruct")  # make import-smollm2
 
 
 def start_server(model: str, dtype: str, work: Path, args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
