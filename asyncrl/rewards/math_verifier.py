@@ -1,9 +1,9 @@
 """The math verifier: find the final answer in a chain of thought and compare it with the reference, numerically and,
 failing that, symbolically (`asyncrl.rewards.math_symbolic`: HF's math_verify on bounded inputs).
 
-Owns `extract_answer`, `reference_answer`, `parse_number`, `numbers_equal`, `answers_equal` and `score_math`, the
-scorer the reward role serves for `task.verifier: math`. Pure: no I/O, no model, no signal; safe to call from many
-threads at once (the reward role scores in a thread pool).
+Owns `extract_answer`, `reference_answer`, `parse_number`, `numbers_equal`, `unevaluated_arithmetic`, `answers_equal`
+and `score_math`, the scorer the reward role serves for `task.verifier: math`. Pure: no I/O, no model, no signal;
+safe to call from many threads at once (the reward role scores in a thread pool).
 
 Invariants:
 - the response is cut at the first end-of-sequence marker (`EOS_TEXT`) before anything is looked for; every pattern
@@ -15,6 +15,10 @@ Invariants:
 - two plain numbers (integers, decimals, negatives, thousands commas, simple and `\\frac` fractions, `$`, `%` and
   `\\text{...}` units ignored) are equal exactly when neither is a decimal, else within a relative REL_TOL; two plain
   numbers never go to the symbolic comparison, and an answer longer than MAX_ANSWER_CHARS is never compared;
+- against a reference that is a plain number, an answer that is unevaluated arithmetic on numbers (digits,
+  + - * / × ÷ \\times \\cdot \\div, brackets: "5 - 9", "(2+3)\\times 4") is wrong, never evaluated: such an
+  answer restates the question (a policy learns to end with "the answer is 5 - 9" for 5 - 9 when it is accepted,
+  measured); symbolic forms such as `2\\pi` or `\\sqrt{2}` still go to the symbolic comparison;
 - reward = 1.0 * correct + format_weight * format; with format_weight 0 it is exactly 0.0 or 1.0;
 - details = {"correct", "extracted", "method", "expected", "format"}, "extracted" at most MAX_ANSWER_CHARS characters.
 """
@@ -47,6 +51,7 @@ _UNITS = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox)\s*\{[^{}]*\}")
 _PLAIN = re.compile(r"([+-]?)(\d{1,3}(?:,\d{3})+|\d+)?(?:\.(\d+))?")
 _SLASH = re.compile(r"([+-]?)(\d+)/(\d+)")
 _LATEX_FRAC = re.compile(r"([+-]?)\\[dt]?frac\{([+-]?\d+)\}\{([+-]?\d+)\}")
+_ARITHMETIC = re.compile(r"[-+*/×÷·()\[\]{}\d.,]*\d[-+*/×÷·()\[\]{}\d.,]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +168,17 @@ def numbers_equal(a: tuple[Fraction, bool], b: tuple[Fraction, bool]) -> bool:
     return abs(x - y) <= Fraction(REL_TOL) * max(abs(x), abs(y))
 
 
+def unevaluated_arithmetic(text: str) -> bool:
+    """Whether `text` is arithmetic on numbers alone (digits, operators, brackets) that is not itself a plain number:
+    `5 - 9`, `(2+3)\\times 4`; not `-4`, `\\frac{1}{2}`, `2\\pi`."""
+    if len(text) > MAX_ANSWER_CHARS or parse_number(text) is not None:
+        return False
+    s = _normalize(text)
+    for op in ("\\times", "\\cdot", "\\div"):
+        s = s.replace(op, "*")
+    return _ARITHMETIC.fullmatch(s) is not None
+
+
 # ---- symbolic comparison ---------------------------------------------------------------------------------------
 def _normalize_symbolic(text: str) -> str:
     """`text` for the LaTeX parser: without `$`, units in `\\text{...}` and a trailing '.'."""
@@ -171,12 +187,15 @@ def _normalize_symbolic(text: str) -> str:
 
 # ---- the score -------------------------------------------------------------------------------------------------
 def answers_equal(extracted: str, expected: str) -> bool:
-    """Numerically when both are plain numbers (`parse_number`, `numbers_equal`), else symbolically."""
+    """Numerically when both are plain numbers (`parse_number`, `numbers_equal`); never when the reference is a plain
+    number and the answer unevaluated arithmetic (`unevaluated_arithmetic`); else symbolically."""
     if len(extracted) > MAX_ANSWER_CHARS or len(expected) > MAX_ANSWER_CHARS:
         return False
     x, y = parse_number(extracted), parse_number(expected)
     if x is not None and y is not None:
         return numbers_equal(x, y)
+    if y is not None and unevaluated_arithmetic(extracted):
+        return False  # a restated question is not a final answer (module docstring)
     return symbolically_equal(_normalize_symbolic(extracted), _normalize_symbolic(expected), REL_TOL)
 
 

@@ -60,6 +60,7 @@ from asyncrl.training.process_group import (
     skip_deepspeed_op_builds,
 )
 from asyncrl.training.token_logprobs import full_logprobs, trained_logprobs
+from asyncrl.training.zero_advantage import computed_rows
 
 log = logging.getLogger(__name__)
 
@@ -183,13 +184,8 @@ class PolicyTrainer:
 
     # ---- training ------------------------------------------------------------------------------
 
-    def train_step(
-        self,
-        batch: TrainBatch,
-        temperature: float = 1.0,
-        micro_batch_size: int | None = None,
-        ent_coef: float | None = None,
-    ) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch, temperature: float = 1.0, micro_batch_size: int | None = None,
+                   ent_coef: float | None = None) -> dict[str, float]:
         """One optimizer step on `batch`, accumulating gradients over its micro batches (and ranks).
 
         Each micro loss carries the batch's aggregation denominators, so the accumulated gradient is
@@ -197,12 +193,13 @@ class PolicyTrainer:
         and trains on its share (see the module docstring). The entropy bonus (coefficient `ent_coef`, default
         `cfg.ent_coef`) applies where `batch.entropy_mask` is 1. With `cfg.attention_credit`, each micro
         batch's advantages are rescaled by γ_t from the attention of this same forward pass (see
-        `asyncrl.training.credit`). Returns the merged loss metrics plus `grad_norm` (before clipping)
-        and `entropy` (mean over response tokens).
+        `asyncrl.training.credit`). Rows of exactly zero gradient are not computed (`asyncrl.training.zero_advantage`).
+        Returns the merged loss metrics, `grad_norm` (before clipping), `entropy` and `skipped_rows`.
         """
         size, tokens = micro_batch_size or self.cfg.micro_batch_size, self.cfg.micro_batch_tokens
-        micro = shard_micro_batches(batch, self.rank, self.world_size, size, tokens)
         coef = self.cfg.ent_coef if ent_coef is None else ent_coef
+        computed = computed_rows(batch, self.cfg, coef)  # rows of exactly zero gradient left out
+        micro = shard_micro_batches(computed, self.rank, self.world_size, size, tokens)
         parts = []
         for i, (cpu_mb, padding) in enumerate(micro):
             self.engine.set_gradient_accumulation_boundary(i == len(micro) - 1)
@@ -238,8 +235,9 @@ class PolicyTrainer:
             norm = self.engine.get_global_grad_norm()
             grad_norm = float(norm) if norm is not None else float("nan")
         out = merge_metrics(self._gather_parts(parts))
-        out["grad_norm"] = grad_norm
-        return out | plan_metrics(batch_lengths(batch), self.world_size, size, tokens)
+        out.update(grad_norm=grad_norm, skipped_rows=float(batch.num_samples - computed.num_samples),
+                   batch_tokens=float(batch.num_tokens))
+        return out | plan_metrics(batch_lengths(computed), self.world_size, size, tokens)
 
     def _gather_parts(self, parts: list[dict[str, float]]) -> list[dict[str, float]]:
         """Every rank's metric parts, in rank order (this rank's alone when W = 1)."""

@@ -37,7 +37,8 @@ def main() -> None:
         "prompts_per_step": ro.prompts_per_step, "samples_per_prompt": ro.samples_per_prompt,
         "max_new_tokens": ro.max_new_tokens, "temperature": ro.temperature, "top_p": ro.top_p,
         "lr": tr.lr, "weight_decay": tr.weight_decay, "grad_clip": tr.grad_clip, "clip_low": clip.clip_low,
-        "clip_high": clip.clip_high, "norm_std": tr.norm_std, "seed": tr.seed,
+        "clip_high": clip.clip_high, "norm_std": tr.norm_std, "seed": tr.seed, "aggregation": tr.aggregation,
+        "overlong": ro.overlong,
         "bf16": tr.matmul_dtype == "bfloat16", "max_model_len": cfg.generation.max_model_len,
     })
 

@@ -77,6 +77,8 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     n, batch = data["samples_per_prompt"], data["prompts_per_step"] * data["samples_per_prompt"]
     work = tempfile.mkdtemp(prefix="asyncrl-real-trl-")
+    # our seq-mean-token-mean is TRL's "grpo" loss; our token-mean over the batch is its "dapo" (one process here)
+    loss_type = {"seq-mean-token-mean": "grpo", "token-mean": "dapo"}[data.get("aggregation", "seq-mean-token-mean")]
     args = GRPOConfig(
         output_dir=work, use_cpu=True, bf16=bool(data.get("bf16")), fp16=False, report_to="none", save_strategy="no",
         logging_steps=1, disable_tqdm=True, max_steps=100_000, seed=data["seed"], dataloader_num_workers=0,
@@ -84,7 +86,8 @@ def main() -> None:
         num_generations=n, max_completion_length=data["max_new_tokens"], temperature=data["temperature"],
         top_p=data["top_p"], learning_rate=data["lr"], lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=data["weight_decay"], max_grad_norm=data["grad_clip"], beta=0.0, num_iterations=1,
-        epsilon=data["clip_low"], epsilon_high=data["clip_high"], loss_type="grpo",
+        epsilon=data["clip_low"], epsilon_high=data["clip_high"], loss_type=loss_type,
+        mask_truncated_completions=data.get("overlong") == "mask",
         scale_rewards="group" if data["norm_std"] else "none", log_completions=False,
     )
     snapshots = Path(spec["snapshots"])
@@ -142,7 +145,7 @@ def main() -> None:
     write_result(out, {
         "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
         "torch_threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "batch": batch, "num_generations": n, "loss_type": "grpo", "beta": 0.0, "num_iterations": 1,
+        "batch": batch, "num_generations": n, "loss_type": loss_type, "beta": 0.0, "num_iterations": 1,
         "train_wall_s": wall, "steps": steps, "snapshots": points,
         "trained_response_tokens": trained_tokens,
         "trained_response_tokens_per_s": trained_tokens / wall if wall else None,

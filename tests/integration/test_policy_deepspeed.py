@@ -5,7 +5,8 @@ step start on an on-policy batch, a rewarded token's log-prob rising, named_weig
 changed, resume from model/optimizer state (in place and into a fresh trainer) reproducing the next
 step exactly, exact gradient accumulation (micro batches of 1 vs 3), and the same step again from
 micro batches packed under a token budget with gradient checkpointing on (`training.micro_batch_tokens`,
-`training.gradient_checkpointing`).
+`training.gradient_checkpointing`), and the same step whether the rows of a group of equal rewards are computed or
+left out (`training.skip_zero_advantage`).
 
 Each stage runs in its own interpreter (`python this_file.py <stage> <model_dir>`), so every DeepSpeed
 init gets a fresh process and a process group that dies with it; the worker closes its trainer and
@@ -142,6 +143,24 @@ def _worker(stage: int, model_dir: Path) -> dict:
         res["packed_padding"] = [m2d["padding_fraction"], m2d["micro_batches"]]
         res["packed_norm_err"] = abs(m2d["grad_norm"] - m2["grad_norm"]) / m2["grad_norm"]
         res["packed_err"] = max((trainer.model_state()[n] - w2[n]).abs().max().item() for n in names)
+        # A third group of equal rewards (advantage 0 on every row): its rows are left out of the computation, and
+        # the step is the one that computes them.
+        import dataclasses
+
+        from asyncrl.types import Group
+
+        flat = [dataclasses.replace(s, group_id="g2", reward=0.0) for s in groups[0].samples]
+        batch3 = build_batch([*groups, Group("g2", 2, "t", flat)], norm_std=True, pad_id=0)
+        trainer.load_state(*s1)
+        m_skip = trainer.train_step(batch3, temp)
+        w_skip = trainer.model_state()
+        trainer.load_state(*s1)
+        trainer.cfg = packed.model_copy(update={"skip_zero_advantage": False})
+        m_all = trainer.train_step(batch3, temp)
+        res["skipped_rows"] = [m_skip["skipped_rows"], m_all["skipped_rows"]]
+        res["skip_tokens"] = [m_skip["computed_tokens"], m_all["computed_tokens"]]
+        res["skip_norm_err"] = abs(m_skip["grad_norm"] - m_all["grad_norm"]) / m_all["grad_norm"]
+        res["skip_err"] = max((trainer.model_state()[n] - w_skip[n]).abs().max().item() for n in names)
     finally:
         trainer.close()
     import torch.distributed as dist
@@ -185,6 +204,8 @@ def test_policy_trainer_zero_stage(stage: int, model_dir: Path) -> None:
     assert res["packed_padding"] == [0.0, 4.0], res
     assert res["packed_lp_err"] < 1e-6, res
     assert res["packed_norm_err"] < 1e-5 and res["packed_err"] < 2e-4, res
+    assert res["skipped_rows"] == [4.0, 0.0] and res["skip_tokens"][0] < res["skip_tokens"][1], res
+    assert res["skip_norm_err"] < 1e-5 and res["skip_err"] < 2e-4, res
     assert res["pg_closed"], res
 
 

@@ -23,6 +23,7 @@ from asyncrl.rewards.math_verifier import (
     parse_number,
     reference_answer,
     score_math,
+    unevaluated_arithmetic,
 )
 
 
@@ -105,9 +106,27 @@ def test_number_comparison_exact_and_relative() -> None:
     ("\\sqrt{2}", "1.5", False), ("x+1", "x+2", False),
     ("2\\pi", "6.283185307", True), ("2\\pi", "6.2832", False), ("1.41421356", "\\sqrt{2}", True),
     ("0.5x", "\\frac{x}{2}", True), ("(10+0.5)\\sqrt{x}", "\\frac{21}{2}\\sqrt{x}", True),
+    # the question restated is not a final answer, though it evaluates to the reference
+    ("5 - 9", "-4", False), ("88 + 94 - 83", "99", False), ("(2+3)\\times 4", "20", False), ("6/2*3", "9", False),
+    ("2 \\cdot 3", "6", False), ("[4 - 1]", "3", False),
 ])
 def test_answers_equal(extracted: str, expected: str, equal: bool) -> None:
     assert answers_equal(extracted, expected) is equal
+
+
+@pytest.mark.parametrize("text, arithmetic", [
+    ("5 - 9", True), ("(2+3)\\times 4", True), ("1 ÷ 2", True), ("-4", False), ("1,000", False), ("\\frac{1}{2}", False),
+    ("2\\pi", False), ("x+1", False), ("", False), ("+", False),
+])
+def test_unevaluated_arithmetic(text: str, arithmetic: bool) -> None:
+    assert unevaluated_arithmetic(text) is arithmetic
+
+
+def test_a_policy_restating_the_question_scores_zero() -> None:
+    # verbatim from a 13-step run whose held-out accuracy jumped from 0.18 to 0.74 while the verifier accepted it
+    reward, details = score_math("5 - 9 = -2\n\nSo, the answer is 5 - 9.", "-4")
+    assert reward == 0.0 and details["extracted"] == "5 - 9" and details["method"] == "answer_is"
+    assert score_math("5 - 9 = -4\n\nSo, the answer is -4.", "-4")[0] == 1.0
 
 
 # ---- the score -------------------------------------------------------------------------------------------------
