@@ -462,8 +462,8 @@ class TrainingConfig(_Section):
     ent_coef: float = Field(0.0, ge=0)
     skip_zero_advantage: bool = Field(True, description="Leave the rows whose advantages are all 0 (GRPO groups of "
                                       "equal rewards) out of the forward/backward when that changes no gradient: a "
-                                      "built-in loss, kl_coef 0, no entropy bonus (docs/training_performance.md). Counted as "
-                                      "train/skipped_rows.")
+                                      "built-in loss, kl_coef 0, no entropy bonus (docs/training_performance.md). "
+                                      "Counted as train/skipped_rows.")
     checkpoint_every: int = Field(10, ge=1, description="Write a checkpoint every this many steps (and at the end).")
     weight_bucket_mb: float = Field(16.0, gt=0, description="Weight broadcast bucket size.")
     cpu_threads: int = Field(1, ge=0, le=1024, description="torch CPU threads of the trainer (0: torch's default); "

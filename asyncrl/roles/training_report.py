@@ -164,7 +164,10 @@ class TrainingReport:
         stale = staleness_stats(kept, step)
         c.groups_trained += len(kept)
         c.samples_trained += n_samples
-        c.tokens_trained += int(r.train_metrics.get("batch_tokens", r.train_metrics.get("tokens", 0)))
+        # the step's trained tokens (loss mask 1), rows of zero advantage included though not computed
+        # (asyncrl.training.zero_advantage); 0 in a critic warm-up step
+        trained_tokens = r.train_metrics.get("batch_tokens", r.train_metrics.get("tokens", 0.0))
+        c.tokens_trained += int(trained_tokens)
         c.groups_dropped_stale += len(dropped)
         c.samples_dropped_stale += sum(len(g.samples) for g in dropped)
         c.staleness_sum += stale["staleness_mean"] * n_samples
@@ -194,10 +197,7 @@ class TrainingReport:
             "storage/requests_total": self.ctx.store.stats.requests_total(),  # the trainer's (rank 0's) S3 requests
             "storage/get_missing_total": self.ctx.store.stats.missing_gets(),
             "throughput/samples_per_s": n_samples / step_s,
-            # the step's trained tokens (loss mask 1, rows of zero advantage included though not computed,
-            # asyncrl.training.zero_advantage) per second of its train time (0 in a critic warm-up step)
-            "throughput/train_tokens_per_s": (r.train_metrics.get("batch_tokens", r.train_metrics.get("tokens", 0.0))
-                                              / r.train_s if r.train_s > 0 else 0.0),
+            "throughput/train_tokens_per_s": trained_tokens / r.train_s if r.train_s > 0 else 0.0,
             "time/wait_s": r.taken.wait_s,
             "time/wait_cpu_s": r.taken.wait_cpu_s,
             "time/train_s": r.train_s,

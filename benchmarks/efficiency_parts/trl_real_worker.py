@@ -78,7 +78,7 @@ def main() -> None:
     n, batch = data["samples_per_prompt"], data["prompts_per_step"] * data["samples_per_prompt"]
     work = tempfile.mkdtemp(prefix="asyncrl-real-trl-")
     # our seq-mean-token-mean is TRL's "grpo" loss; our token-mean over the batch is its "dapo" (one process here)
-    loss_type = {"seq-mean-token-mean": "grpo", "token-mean": "dapo"}[data.get("aggregation", "seq-mean-token-mean")]
+    loss_type = {"seq-mean-token-mean": "grpo", "token-mean": "dapo"}[data["aggregation"]]
     args = GRPOConfig(
         output_dir=work, use_cpu=True, bf16=bool(data.get("bf16")), fp16=False, report_to="none", save_strategy="no",
         logging_steps=1, disable_tqdm=True, max_steps=100_000, seed=data["seed"], dataloader_num_workers=0,
@@ -87,7 +87,7 @@ def main() -> None:
         top_p=data["top_p"], learning_rate=data["lr"], lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=data["weight_decay"], max_grad_norm=data["grad_clip"], beta=0.0, num_iterations=1,
         epsilon=data["clip_low"], epsilon_high=data["clip_high"], loss_type=loss_type,
-        mask_truncated_completions=data.get("overlong") == "mask",
+        mask_truncated_completions=data["overlong"] == "mask",
         scale_rewards="group" if data["norm_std"] else "none", log_completions=False,
     )
     snapshots = Path(spec["snapshots"])
