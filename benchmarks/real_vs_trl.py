@@ -12,9 +12,11 @@ Parts, each in its own processes, one after another (never two at once: they wou
    (`--trl-budget-s` to choose); its weights are saved every quarter of the budget and evaluated afterwards with the
    held-out protocol of asyncrl's runs (vLLM, greedy, the same problems, prompt ids and stop ids:
    `efficiency_parts.snapshot_eval`);
-4. the trainer alone and the engine alone on the real model (`real_parts.trainer_alone`, `real_parts.engine_alone`),
-   their GFLOP/s as a fraction of part 1's peak in the precision each runs in.
-Prints the figures and writes them to benchmarks/results/real_vs_trl.json (`--out`).
+4. the trainer alone and the engine alone on the real model, in the job's own settings (`real_parts.trainer_alone`'s
+   packed float32 variant, `real_parts.engine_alone` with 256 sequences at once), their GFLOP/s as a fraction of
+   part 1's peak in the precision each runs in.
+Prints the figures and writes them to benchmarks/results/real_vs_trl.json (`--out`) after every part, so a run
+stopped part way keeps what it measured.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from efficiency_parts.common import ROOT, log, part_env, run_part  # noqa: E402
 
 WORK = ROOT / ".cache/bench-real"
+TRAINER_VARIANT = "float32_tokens_2048"  # configs/real.yaml's trainer: float32, rows packed under 2,048 tokens
 TRL_EXTRAS = ("math-verify", "latex2sympy2_extended", "antlr4-python3-runtime")  # asyncrl's verifier on the TRL side
 
 
@@ -146,23 +149,32 @@ def main(argv: list[str] | None = None) -> None:
 
     result: dict[str, Any] = {"config": args.config, "overrides": args.overrides, "threads": args.threads,
                               "date": time.strftime("%Y-%m-%d %H:%M"), "peak": measure_matmul_peak(args.threads)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        result["comparison"] = compare(result)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
     if "asyncrl" not in skip:
         summary = run_asyncrl(args.config, args.overrides, timeout_s=3 * 3600)
         result["asyncrl_summary"] = summary
         result["asyncrl"] = asyncrl_figures(summary) if summary.get("status") != "failed" else summary
         log(f"asyncrl: {json.dumps(result['asyncrl'])}")
+        save()
     budget = args.trl_budget_s or (result.get("asyncrl") or {}).get("train_wall_s") or 1500.0
     if "trl" not in skip:
         result["trl"] = run_trl(args.config, args.overrides, float(budget), args.threads)
         log(f"TRL: {json.dumps({k: v for k, v in result['trl'].items() if k != 'steps'})}")
+        save()
     if "alone" not in skip:
-        result["trainer_alone"] = run_script("trainer_alone.py", ["--threads", str(args.threads)],
-                                             WORK / "trainer_alone.json", timeout_s=3600)
+        result["trainer_alone"] = run_script("trainer_alone.py", ["--threads", str(args.threads), "--variants",
+                                                                  TRAINER_VARIANT], WORK / "trainer_alone.json",
+                                             timeout_s=3600)
+        save()
         result["engine_alone"] = run_script("engine_alone.py", ["--seqs", "256", "--threads", "2", "--modes",
                                                                  "sampled"], WORK / "engine_alone.json", 3600)
-    result["comparison"] = compare(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+        save()
+    save()
     print(json.dumps(result["comparison"], indent=2))
     log(f"wrote {args.out}")
 
