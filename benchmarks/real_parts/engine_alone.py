@@ -129,7 +129,8 @@ async def run_config(spec: dict[str, Any]) -> dict[str, Any]:
     kv_gib = spec.get("kv_cache_gib") or KV_HEADROOM * gib_for(cfg, dtype, seqs, max_model_len)
     settings = EngineSettings(model=model, max_model_len=max_model_len, kv_cache_gib=float(kv_gib), max_num_seqs=seqs,
                               seed=0, dtype=dtype, cpu_threads=threads, ring_poll_s=spec["ring_poll_s"],
-                              work_dir=tempfile.mkdtemp(prefix="asyncrl-ea-"))
+                              work_dir=tempfile.mkdtemp(prefix="asyncrl-ea-"),
+                              enforce_eager=not spec.get("compile", False))
     t0 = time.monotonic()
     engine = await GenerationEngine.start(settings)
     start_s = time.monotonic() - t0
@@ -236,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--peak-size", type=int, default=2048)
     p.add_argument("--peak-repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compile", action="store_true", help="let vLLM compile the model (torch.compile; default eager)")
     p.add_argument("--timeout-s", type=float, default=1800.0, help="per configuration")
     p.add_argument("--out", type=Path, help="write the JSON result here")
     p.add_argument("--child", type=Path, help=argparse.SUPPRESS)
@@ -248,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
     base = {"model": a.model, "max_tokens": a.max_tokens, "requests_per_seq": a.requests_per_seq,
             "ignore_eos": not a.stop_at_eos, "ring_poll_s": None if a.ring_poll_s < 0 else a.ring_poll_s,
             "kv_cache_gib": a.kv_cache_gib, "peak_size": a.peak_size, "peak_repeats": a.peak_repeats, "seed": a.seed,
-            "modes": _csv(str, a.modes)}
+            "modes": _csv(str, a.modes), "compile": a.compile}
     results = []
     for dtype in _csv(str, a.dtypes):
         for threads in _csv(int, a.threads):

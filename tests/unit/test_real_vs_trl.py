@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from real_vs_trl import asyncrl_figures, compare  # noqa: E402
+from real_vs_trl import asyncrl_figures, compare, job_settings  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_asyncrl_curve_is_against_the_launchers_wall_clock() -> None:
@@ -28,3 +30,23 @@ def test_compare_reports_the_ratio_and_both_gains() -> None:
     assert out["trained_tokens_per_s"]["ratio"] == 1.5
     assert out["asyncrl_gain"] == pytest.approx(0.12) and out["trl_gain"] == pytest.approx(0.02)
     assert compare({"asyncrl": {"status": "failed"}, "trl": {"status": "unavailable"}}) == {}
+
+
+def test_compare_reports_trl_colocate_beside_trl() -> None:
+    out = compare({"asyncrl": {"trained_response_tokens_per_s": 30.0, "accuracy_before": 0.2, "accuracy_after": 0.5},
+                   "trl_colocate": {"trained_response_tokens_per_s": 12.0, "accuracy_before": 0.2,
+                                    "accuracy_after": 0.25}})
+    assert out["trained_tokens_per_s_vs_trl_colocate"] == {"asyncrl": 30.0, "trl_colocate": 12.0, "ratio": 2.5}
+    assert out["trl_colocate_gain"] == pytest.approx(0.05) and "trained_tokens_per_s" not in out
+
+
+def test_the_alone_parts_measure_the_shipped_jobs_own_trainer_and_engine_settings() -> None:
+    job = job_settings(str(ROOT / "configs/real.yaml"), [])
+    assert job == {"trainer_variant": "float32_tokens_2048", "engine_threads": 1, "engine_dtype": "float32"}
+    assert job_settings(str(ROOT / "configs/real.yaml"), ["generation.cpu_threads=2", "training.micro_batch_tokens=4096"]
+                        )["engine_threads"] == 2
+
+
+def test_a_trainer_setting_the_alone_part_cannot_run_is_named() -> None:
+    with pytest.raises(SystemExit, match="training.matmul_dtype bfloat16, micro_batch_tokens 2048"):
+        job_settings(str(ROOT / "configs/real.yaml"), ["training.matmul_dtype=bfloat16"])
