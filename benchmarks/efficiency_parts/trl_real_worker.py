@@ -1,11 +1,13 @@
-"""TRL's `GRPOTrainer` on the real job, for a wall-clock budget (runs in `.cache/bench-trl-venv`; with the spec's
-`vllm_colocate`, TRL's vLLM colocate mode, in the project's venv with TRL on its path: `trl_part.ensure_colocate_site`).
+"""TRL's `GRPOTrainer` on the real job, for a wall-clock budget (runs in `.cache/bench-trl-venv`; with the
+spec's `vllm_colocate`, TRL's vLLM colocate mode, run by the project's Python with TRL on its path:
+`trl_part.ensure_colocate_site`).
 
-Imports from this repository only `asyncrl.models.tokenizer` (our tokenizer loader) and `asyncrl.rewards.math_verifier`
-(pure Python and math_verify), which the TRL venv can run. Synchronous GRPO with beta 0 and one iteration per batch:
-each step generates prompts_per_step x samples_per_prompt completions with the current weights (transformers
-`generate`, or the in-process vLLM engine in colocate mode), scores them with our verifier and takes one optimizer step. The prompts are the chat-rendered text
-our environment role sends as ids; that TRL's tokenization of that text gives exactly those ids is checked first.
+Imports from this repository only `asyncrl.models.tokenizer` (our tokenizer loader) and
+`asyncrl.rewards.math_verifier` (pure Python and math_verify), which the TRL venv can run. Synchronous GRPO with beta
+0 and one iteration per batch: each step generates prompts_per_step x samples_per_prompt completions with the current
+weights (transformers `generate`, or the in-process vLLM engine in colocate mode), scores them with our verifier and
+takes one optimizer step. The prompts are the chat-rendered text our environment role sends as ids; that TRL's
+tokenization of that text gives exactly those ids is checked first.
 
 Training stops at the first step end past `budget_s` of training wall time. At every `snapshot_every_s` of training
 wall time (and at the start and the end) the weights are saved as a Hugging Face folder under `snapshots/`; the time

@@ -43,8 +43,9 @@ def test_compare_reports_trl_colocate_beside_trl() -> None:
 def test_the_alone_parts_measure_the_shipped_jobs_own_trainer_and_engine_settings() -> None:
     job = job_settings(str(ROOT / "configs/real.yaml"), [])
     assert job == {"trainer_variant": "float32_tokens_2048", "engine_threads": 1, "engine_dtype": "float32"}
-    assert job_settings(str(ROOT / "configs/real.yaml"), ["generation.cpu_threads=2", "training.micro_batch_tokens=4096"]
-                        )["engine_threads"] == 2
+    other = job_settings(str(ROOT / "configs/real.yaml"),
+                         ["generation.cpu_threads=2", "training.micro_batch_tokens=4096"])
+    assert other["engine_threads"] == 2 and other["trainer_variant"] == "float32_tokens_4096"
 
 
 def test_a_trainer_setting_the_alone_part_cannot_run_is_named() -> None:
