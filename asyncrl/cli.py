@@ -111,9 +111,9 @@ def main(argv: list[str] | None = None) -> None:
         compare_main(args)
         return
     if args.command == "model":
-        from asyncrl.models.import_command import run_import
+        from asyncrl.models.import_command import run_import, run_merge
 
-        sys.exit(run_import(args))
+        sys.exit(run_merge(args) if args.model_command == "merge" else run_import(args))
     if args.command == "pipeline":
         from asyncrl.cluster.pipeline_cli import main as pipeline_main
 

@@ -161,6 +161,10 @@ def job_settings(config: str, overrides: list[str]) -> dict[str, Any]:
     tr = cfg.training
     variant = (f"{tr.matmul_dtype}_tokens_{tr.micro_batch_tokens}" if tr.micro_batch_tokens
                else f"{tr.matmul_dtype}_by_count_{tr.micro_batch_size}")
+    if tr.mini_batches * tr.epochs > 1:  # the variants take one optimizer step a train_step
+        raise SystemExit(f"{config}: the job's trainer takes training.mini_batches {tr.mini_batches} x "
+                         f"training.epochs {tr.epochs} optimizer steps a step; real_parts.trainer_alone's "
+                         "variants take one")
     if variant not in VARIANTS:
         raise SystemExit(f"{config}: the job's trainer (training.matmul_dtype {tr.matmul_dtype}, micro_batch_tokens "
                          f"{tr.micro_batch_tokens}, micro_batch_size {tr.micro_batch_size}) has no variant in "

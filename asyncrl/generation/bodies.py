@@ -78,6 +78,8 @@ class WeightsInitRequest(_Body):
     backend: Literal["gloo", "nccl"] = "gloo"
     timeout_s: float = Field(300.0, gt=0)
     group_name: str = Field("asyncrl-weights", pattern=r"^[A-Za-z0-9._-]{1,128}$")
+    lora_scale: float = Field(0.0, ge=0, description="The trainer pushes LoRA adapters of this scale (0: full "
+                              "weights); the server refuses a group whose pushes it cannot load.")
 
 
 class WeightsUpdateRequest(_Body):

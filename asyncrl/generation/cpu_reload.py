@@ -233,11 +233,32 @@ class CpuWeightReload:
             for n, placeholder in placeholders.items():
                 modules[n]._parameters["weight"] = placeholder
         stand_ins = {}
-        for n in layers:
+        for n in sorted(n for n in layers if f"{n}.weight" in loaded):  # the layers this update loaded into
             stand = _stand_in(modules[n], self.shadows[n])
             modules[n].quant_method.process_weights_after_loading(stand)
             stand_ins[n] = stand
         return Prepared(stand_ins, [(n, t) for n, t in items if n not in names], loaded)
+
+    def load_linear_only(self, items: list[tuple[str, torch.Tensor]]) -> set[str]:
+        """In the pause, without `begin`: load `items` (tensors that load only into linear layers, a LoRA update's
+        merged weights) into those layers' shadows and pack only those layers again; the other modules are left as
+        they are. Returns the linear layers updated; ValueError when a tensor loads into anything else."""
+        assert self.expected is not None, "load_linear_only() before a captured update"
+        layers: set[str] = set()
+        for name, _ in items:
+            params = self.routes.get(name)
+            if not params or not all(p.endswith(".weight") and p.removesuffix(".weight") in self.shadows
+                                     for p in params):
+                raise ValueError(f"weight update: {name!r} does not load into linear layers alone "
+                                 f"(it loads into {sorted(params or [])})")
+            layers |= {p.removesuffix(".weight") for p in params}
+        modules = dict(self.model.named_modules())
+        for n in layers:
+            modules[n]._parameters["weight"] = self.shadows[n]
+        self.model.load_weights(items)
+        for n in sorted(layers):
+            modules[n].quant_method.process_weights_after_loading(modules[n])
+        return layers
 
     def apply_prepared(self, prepared: Prepared) -> None:
         """In the pause, after `begin`: install the prepared packs (the rest is `load`ed, then `finish`)."""

@@ -67,6 +67,10 @@ class EngineSettings:
     tensor_parallel_size: int = 1  # GPUs the engine splits the model across (asyncrl.generation.parallel)
     # a weight update drops the running requests' KV ("recompute": recomputed with the new weights) or keeps it
     kv_after_update: str = "recompute"
+    # LoRA support (`asyncrl.generation.lora_merge`): the adapters' scale alpha / rank (0: full-weight pushes), and
+    # an adapter file (a checkpoint's) merged before serving
+    lora_scale: float = 0.0
+    lora_adapter_file: str | None = None
 
 
 def engine_process_env(settings: EngineSettings) -> dict[str, str]:
@@ -275,6 +279,10 @@ class GenerationEngine:
         # this process, whose environment is final by now.
         enable_envs_cache()
         engine = cls(llm, settings)
+        if settings.lora_scale > 0:
+            done = await llm.collective_rpc("asyncrl_enable_lora",
+                                            args=(settings.model, settings.lora_scale, settings.lora_adapter_file))
+            log.info("LoRA support on (scale %g): %s", settings.lora_scale, done)
         await llm.update_weight_version(str(settings.initial_version))
         engine.version = settings.initial_version
         return engine
@@ -431,7 +439,7 @@ class GenerationEngine:
         else:
             status = "updating" if self._update_lock.locked() else "ok"
         return {"status": status, "version": self.version, "running": running, "waiting": waiting, "load": load,
-                **self.counters.snapshot()}
+                "lora_scale": self.settings.lora_scale, **self.counters.snapshot()}
 
     # ---- weights --------------------------------------------------------------------------------------
     async def init_weight_sync(self, info: dict[str, Any], timeout_s: float) -> None:

@@ -9,8 +9,8 @@ Routes (the contract in docs/generation_api.md):
   requests still running. A body that does not validate is refused whole (422 naming e.g. requests.3.max_tokens).
 - `POST /abort_batch` {request_ids: [...]} → {aborted: [ids that were in flight]}
 - `GET /health` → {status, version, running, waiting, load, uptime_s, busy_s, tokens_generated,
-  requests_finished, requests_aborted, updates} (the last six cumulative since the engine was ready)
-- `POST /weights/init` {master_addr, master_port, rank, world_size, backend, timeout_s[, group_name]}
+  requests_finished, requests_aborted, updates, lora_scale} (six cumulative since the engine was ready)
+- `POST /weights/init` {master_addr, master_port, rank, world_size, backend, timeout_s[, group_name, lora_scale]}
 - `POST /weights/update` {version[, timeout_s]} → {version, seconds}
 - `GET /weights/version?after=N&wait_s=S` → {version}: answers once the weights' version is above N (generation has
   resumed with it), or after S seconds (at most `MAX_VERSION_WAIT_S`) with the current version
@@ -290,6 +290,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="CPU build: unpinned OpenMP threads of the engine's worker (0: vLLM's core binding)")
     p.add_argument("--kv-after-update", default="recompute", choices=("recompute", "keep"),
                    help="the running requests' KV at a weight update (generation.kv_after_update)")
+    p.add_argument("--lora-scale", type=float, default=0.0,
+                   help="serve LoRA adapters of this scale (training.lora alpha / rank) merged into the model; every "
+                        "push must then be an adapter (0: full weights)")
+    p.add_argument("--lora-adapter", default=None, help="a safetensors file of LoRA A and B merged before serving")
     p.add_argument("--work-dir", default=None, help="folder for vLLM's RPC sockets and cache")
     p.add_argument("--ready-file", default=None, help='write {"host","port","pid"} here once ready')
     p.add_argument("--log-level", default="INFO")
@@ -303,7 +307,8 @@ def serve(args: argparse.Namespace) -> None:
     settings = EngineSettings(
         model=args.model, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
         max_num_seqs=args.max_num_seqs, seed=args.seed, dtype=args.dtype, work_dir=args.work_dir,
-        cpu_threads=args.cpu_threads, kv_after_update=args.kv_after_update,
+        cpu_threads=args.cpu_threads, kv_after_update=args.kv_after_update, lora_scale=args.lora_scale,
+        lora_adapter_file=args.lora_adapter,
     )
 
     def on_ready(host: str, port: int) -> None:

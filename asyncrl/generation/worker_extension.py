@@ -46,7 +46,10 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
+from asyncrl.adapters.lora import is_adapter_name
 from asyncrl.generation.cpu_reload import CpuWeightReload, Prepared, eligible
+from asyncrl.generation.lora_merge import LoraMerger
+from asyncrl.generation.lora_worker import LoraUpdates, lora_mismatch
 from asyncrl.weights.buckets import weights_checksum
 from asyncrl.weights.sync import join_group, local_ip_towards, receive_weights, shutdown_group
 
@@ -64,6 +67,7 @@ class AsyncrlInitInfo(WeightTransferInitInfo):
     backend: str = "gloo"
     timeout_s: float = 300.0
     group_name: str = "asyncrl-weights"
+    lora_scale: float = 0.0  # the trainer pushes LoRA adapters of this scale (0: full weights)
 
 
 @dataclass
@@ -84,9 +88,11 @@ class _Staging:
     error: str | None = None
     seconds: float = 0.0
     prepare_s: float = 0.0
+    adapter: list[tuple[str, torch.Tensor]] | None = None  # a LoRA push: the adapter as it arrived (buckets: merged)
+    merge_s: float = 0.0
 
 
-class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlUpdateInfo]):
+class AsyncrlWeightTransferEngine(LoraUpdates, WeightTransferEngine[AsyncrlInitInfo, AsyncrlUpdateInfo]):
     """Receives weights broadcast by `asyncrl.weights.sync.WeightSender` and loads them in place."""
 
     init_info_cls = AsyncrlInitInfo
@@ -105,10 +111,15 @@ class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlU
         self._capturing = False  # a layerwise update is being captured for the fast ones
         self.last_update_fast = False  # whether the last update that started took the fast CPU path
         self._staging: _Staging | None = None  # a broadcast received (or being received) ahead of its update
+        self.lora: LoraMerger | None = None  # LoRA support (`enable_lora`): every push is then an adapter
+        self._adapter_update = False  # the update in progress loads a merged adapter
 
     def init_transfer_engine(self, init_info: AsyncrlInitInfo) -> None:
         import datetime
 
+        served = self.lora.scale if self.lora is not None else 0.0
+        if float(init_info.lora_scale) != served:
+            raise RuntimeError(lora_mismatch(float(init_info.lora_scale), served))
         self.shutdown()
         rank = init_info.rank + self.parallel_config.rank
         self.timeout_s = float(init_info.timeout_s)
@@ -136,6 +147,10 @@ class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlU
         if self._capturing and self._reload is not None:  # the update it captured failed before its finish
             self._reload.end_capture(adopt=False)
         self._capturing = False
+        if self.lora is not None:  # an adapter: only the adapted layers change, loaded in `receive_weights`
+            self._adapter_update = True
+            self.last_update_fast = fast is not None and fast.ready
+            return
         self.last_update_fast = fast is not None and fast.ready
         if fast is not None and fast.ready:
             fast.begin()
@@ -168,6 +183,9 @@ class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlU
                 received.extend(items)
 
         self.received, self._received_checksum, self.received_version = None, None, None
+        if self._adapter_update:
+            self._receive_adapter(update_info, keep)
+            return
         if update_info.staged:
             staging = self._take_staged(update_info)
             if staging.prepared is not None and fast is not None and self.last_update_fast:
@@ -201,6 +219,7 @@ class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlU
         pg, device, timeout_s = self.pg, self.device, float(update_info.timeout_s)
         fast = self._fast_reload()
         fast = fast if fast is not None and fast.ready and not self._capturing else None  # the update will be fast
+        lora = self.lora is not None
 
         def run() -> None:
             t0 = time.monotonic()
@@ -209,13 +228,20 @@ class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlU
                 if manifest.version != staging.version:
                     raise RuntimeError(f"trainer sent version {manifest.version}, server expected {staging.version}")
                 staging.seconds = time.monotonic() - t0
+                arrived = [item for items in staging.buckets for item in items]
+                if lora:
+                    staging.adapter, staging.buckets = arrived, [self._merge(arrived)]
+                    staging.merge_s = time.monotonic() - t0 - staging.seconds
+                elif any(is_adapter_name(n) for n, _ in arrived):
+                    raise RuntimeError("the trainer pushed a LoRA adapter to a server started without LoRA support "
+                                       "(start it with --lora-scale, as the generation role does with training.lora)")
                 if fast is not None:
                     try:
                         staging.prepared = fast.prepare([item for items in staging.buckets for item in items])
+                        staging.prepare_s = time.monotonic() - t0 - staging.seconds - staging.merge_s
                     except Exception:  # an optimisation only: the update then loads and packs in the pause
                         log.exception("asyncrl weight transfer: preparing version %d ahead of the pause failed",
                                       staging.version)
-                    staging.prepare_s = time.monotonic() - t0 - staging.seconds
             except BaseException as e:  # noqa: BLE001 - reported by stage_status and by the update that applies it
                 staging.error = f"{type(e).__name__}: {e}"
                 staging.buckets, staging.prepared = [], None
@@ -231,9 +257,11 @@ class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlU
         layers it prepared."""
         st = self._staging
         if st is None:
-            return {"version": None, "done": False, "error": None, "seconds": 0.0, "prepare_s": 0.0, "prepared": 0}
+            return {"version": None, "done": False, "error": None, "seconds": 0.0, "prepare_s": 0.0, "prepared": 0,
+                    "merge_s": 0.0}
         return {"version": st.version, "done": st.done.is_set(), "error": st.error, "seconds": st.seconds,
-                "prepare_s": st.prepare_s, "prepared": len(st.prepared.stand_ins) if st.prepared else 0}
+                "prepare_s": st.prepare_s, "prepared": len(st.prepared.stand_ins) if st.prepared else 0,
+                "merge_s": st.merge_s}
 
     def _take_staged(self, update_info: AsyncrlUpdateInfo) -> _Staging:
         """The staged receive of `update_info.version` (waiting up to its deadline for it to end); raises when there
@@ -266,6 +294,9 @@ class AsyncrlWeightTransferEngine(WeightTransferEngine[AsyncrlInitInfo, AsyncrlU
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
+        if self._adapter_update:  # the adapted layers were packed as they loaded
+            self._adapter_update = False
+            return
         capturing, self._capturing = self._capturing, False
         if not capturing and self._reload is not None and self._reload.ready:
             self._reload.finish()
@@ -333,6 +364,13 @@ class WeightSyncExtension:
             return {"staged": 0.0}
         engine.stage(engine.parse_update_info(update_info))
         return {"staged": 1.0}
+
+    def asyncrl_enable_lora(self, model_dir: str, scale: float, adapter_file: str | None = None) -> dict[str, float]:
+        """Serve LoRA adapters from now on (`AsyncrlWeightTransferEngine.enable_lora`); before the server serves."""
+        engine = getattr(self, "weight_transfer_engine", None)
+        if not isinstance(engine, AsyncrlWeightTransferEngine):
+            raise RuntimeError("asyncrl weight transfer: not configured in this worker")
+        return engine.enable_lora(model_dir, scale, adapter_file)
 
     def asyncrl_stage_status(self) -> dict[str, Any]:
         """The staged receive's {version, done, error, seconds} (`AsyncrlWeightTransferEngine.stage_status`)."""

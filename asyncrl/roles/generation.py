@@ -18,7 +18,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from asyncrl.config.schema import GenerationConfig
+from asyncrl.config.schema import GenerationConfig, LoraConfig
 from asyncrl.generation.engine import EngineSettings, GenerationEngine
 from asyncrl.generation.kv_budget import kv_cache_warning
 from asyncrl.generation.parallel import check_model_folder
@@ -60,32 +60,42 @@ async def serve(ctx: RoleContext, settings: EngineSettings, host: str, advertise
     return over[0] if over else None
 
 
-def model_at_latest_checkpoint(ctx: RoleContext, model: Path) -> tuple[Path, int]:
-    """The model folder to start from and its policy version: `model` at version 0 while the run has no committed
-    checkpoint; else a copy of `model`'s config and tokenizer files with the newest committed checkpoint's weights
-    (`checkpoints/<v>/model.safetensors`, verified against COMMITTED), at version v. A server that restarts mid-run
-    thus serves the trainer's weights of at most `checkpoint_every` steps ago until the trainer's next push."""
+def model_at_latest_checkpoint(ctx: RoleContext, model: Path) -> tuple[Path, int, str | None]:
+    """The model folder to start from, its policy version and, with `training.lora`, the adapter file to merge:
+    `model` at version 0 while the run has no committed checkpoint; else a copy of `model`'s config and tokenizer
+    files with the newest committed checkpoint's weights (`checkpoints/<v>/model.safetensors`, verified against
+    COMMITTED), at version v; with LoRA, `model` itself (the base) and that checkpoint's adapter (its model file) as a
+    local file. A server that restarts mid-run thus serves the trainer's weights of at most `checkpoint_every` steps
+    ago until the trainer's next push."""
     version = latest_committed_version(ctx.store, ctx.paths)
     if not version:
-        return model, 0
+        return model, 0, None
     tensors = load_checkpoint_tensors(ctx.store, ctx.paths, version, "model")
     folder = Path(ctx.cfg.cache_dir) / "generation-checkpoints" / ctx.cfg.run_id / f"{ctx.role_id}-v{version}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
+    if ctx.cfg.training.lora is not None:
+        adapter = folder / "adapter.safetensors"
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(adapter))
+        log.info("starting from committed checkpoint %d's adapter (%d tensors)", version, len(tensors))
+        return model, version, str(adapter)
     for f in model.iterdir():
         if f.is_file() and not f.name.endswith((".safetensors", ".safetensors.index.json", ".bin", ".pt")):
             shutil.copy2(f, folder / f.name)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
     log.info("starting from committed checkpoint %d (%d tensors)", version, len(tensors))
-    return folder, version
+    return folder, version, None
 
 
-def engine_settings(g: GenerationConfig, model: str, index: int, version: int) -> EngineSettings:
-    """The engine of generation replica number `index` of a run whose generation section is `g`."""
+def engine_settings(g: GenerationConfig, model: str, index: int, version: int, lora: LoraConfig | None = None,
+                    adapter_file: str | None = None) -> EngineSettings:
+    """The engine of generation replica number `index` of a run whose generation section is `g` (and LoRA section
+    `lora`; `adapter_file`: a checkpoint's adapter to merge before serving)."""
     return EngineSettings(
         model=model, max_model_len=g.max_model_len, kv_cache_gib=g.kv_cache_gib, max_num_seqs=g.max_num_seqs,
         seed=g.seed + index, dtype=g.dtype, cpu_threads=g.cpu_threads, ring_poll_s=g.ring_poll_s,
         initial_version=version, tensor_parallel_size=g.tensor_parallel_size, kv_after_update=g.kv_after_update,
+        lora_scale=lora.scale if lora is not None else 0.0, lora_adapter_file=adapter_file,
     )
 
 
@@ -112,12 +122,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"generation[{args.id}]: {err}") from None
     ctx = RoleContext.from_args("generation", args)
     g = ctx.cfg.generation
-    model, version = model_at_latest_checkpoint(ctx, ctx.model_folder())
+    model, version, adapter = model_at_latest_checkpoint(ctx, ctx.model_folder())
     try:
         check_model_folder(g.tensor_parallel_size, model)  # before vLLM starts: a clear error, not vLLM's
     except ValueError as err:
         raise SystemExit(f"generation[{args.id}]: {err}") from None
-    settings = engine_settings(g, str(model), instance_index(args.id), version)
+    settings = engine_settings(g, str(model), instance_index(args.id), version, ctx.cfg.training.lora, adapter)
     warn_small_kv_cache(g, model)
     signals = StopSignal()
     code = 0

@@ -7,7 +7,8 @@ One training step k (version k → k+1):
    a group only read ahead is not consumed: neither in the published `consumed` counts nor in checkpoint cursors;
 2. train (`Learner`): GRPO advantages, or GAE on the critics' values (AsyPPO: mini-critics and their masks), the
    critics' update, and the configured policy loss with the engine's behaviour log-probs, one optimizer step
-   (DeepSpeed; attention credit rescales advantages inside it);
+   (DeepSpeed; or `training.mini_batches` x `training.epochs` mini-batch updates; attention credit rescales
+   advantages inside it);
 3. sync: broadcast the new weights in buckets to the generation servers of the weight group (they pause, load,
    resume); a lost server leaves the group and a restarted one joins it (`asyncrl.roles.weight_group`);
 4. publish `versions/latest.json` (version, per-writer consumed counts, the weights' checksum at checkpoints and
@@ -53,6 +54,7 @@ import time
 import torch
 
 from asyncrl.models.checkpoint_folder import checkpoint_folder_files
+from asyncrl.models.lora_export import LORA_FILE, lora_description
 from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.roles.context import RoleContext, role_arg_parser, setup_logging
 from asyncrl.roles.stop_signal import STOP_S3_TIMEOUT_S, RoleStopped, StopSignal, bounded
@@ -119,6 +121,10 @@ class TrainingRunner:
         self.folder_files: dict[str, bytes] = {}
         if self.is_rank0:
             self.folder_files = checkpoint_folder_files(self.model_path)
+            if self.cfg.training.lora is not None:  # the checkpoint's model file holds adapters: say so, and of what
+                lora = self.cfg.training.lora
+                self.folder_files[LORA_FILE] = lora_description(lora.rank, lora.alpha, lora.target_modules,
+                                                                str(self.model_path))
             tracking = ctx.store.get_json(ctx.paths.tracking())
             tracker = Tracker.attach(tracking["tracking_uri"], tracking["mlflow_run_id"]) if tracking else None
             self.groups = GroupPrefetcher.for_run(ctx.store, ctx.paths, self.cfg.rollout.num_writers,

@@ -101,7 +101,8 @@ class WeightGroup:
                                    timeout_s=self.cfg.timeouts.collective_s,
                                    bucket_bytes=int(self.cfg.training.weight_bucket_mb * 2**20), device=self.device,
                                    master_addr=self.ctx.advertise_host,
-                                   workers_per_server=self.cfg.generation.tensor_parallel_size)
+                                   workers_per_server=self.cfg.generation.tensor_parallel_size,
+                                   lora_scale=self.cfg.training.lora.scale if self.cfg.training.lora else 0.0)
         self._form(docs)
 
     def wire(self, weights: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:

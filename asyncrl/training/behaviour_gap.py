@@ -1,8 +1,9 @@
 """The engine-trainer gap of a batch and a clip metric that can be non-zero (docs/algorithms.md §7). Pure torch.
 
-With one optimizer step per batch the PPO ratio `r = exp(logp − prox)` is 1 on every token and `clip_fraction` is 0
-by construction. What does move is the behaviour importance weight `w = exp(prox − behav)` between the trainer's
-log-probs at the step's start and the engine's, so per step, over the trained tokens (mask 1):
+With one optimizer step per batch the PPO ratio `r = exp(logp − prox)` is 1 on every token and `clip_fraction`
+is 0 by construction (it moves only with mini-batch updates: `training.mini_batches`, `training.epochs`). What
+does move is the behaviour importance weight `w = exp(prox − behav)` between the trainer's log-probs at the
+step's start and the engine's, so per step, over the trained tokens (mask 1):
 - `behav_clip_fraction`: the share of tokens whose w lies outside [1 − clip_low, 1 + clip_high] (the loss's clip
   parameters when it has them, else 0.2 / 0.2: `clip_bounds`);
 - `gap_abs = mean |prox − behav|`;

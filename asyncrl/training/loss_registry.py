@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from asyncrl.config.loss_params import (
     CISPOParams,
     DecoupledPPOParams,
+    GSPOParams,
     LossParams,
     PPOParams,
     TISParams,
@@ -26,6 +27,7 @@ from asyncrl.training.token_losses import (
     TokenLoss,
     cispo_token_loss,
     decoupled_ppo_token_loss,
+    gspo_token_loss,
     ppo_token_loss,
     tis_token_loss,
     topr_token_loss,
@@ -59,9 +61,16 @@ def _topr(p: TOPRParams, x: LossInputs) -> TokenLoss:
     return topr_token_loss(x.logp, x.behav, x.adv, x.positive, p.pos_weight, p.neg_weight)
 
 
+def _gspo(p: GSPOParams, x: LossInputs) -> TokenLoss:
+    if x.mask is None:
+        raise ValueError("gspo: needs LossInputs.mask (the trained tokens) to form each sample's ratio")
+    return gspo_token_loss(x.logp, x.prox, x.adv, x.mask, p.clip_low, p.clip_high)
+
+
 # keyed by the parameter class: the names live once, in asyncrl.config.loss_params
 _FUNCTIONS: dict[type[LossParams], TokenLossFn] = {
     PPOParams: _ppo, DecoupledPPOParams: _decoupled_ppo, TISParams: _tis, CISPOParams: _cispo, TOPRParams: _topr,
+    GSPOParams: _gspo,
 }
 
 

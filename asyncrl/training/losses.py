@@ -26,6 +26,7 @@ from asyncrl.config.loss_params import LossParams, TOPRParams, parse_loss_params
 from asyncrl.config.schema import TrainingConfig
 from asyncrl.training.behaviour_gap import behaviour_gap, clip_bounds
 from asyncrl.training.loss_registry import LossInputs, TokenLoss, register_loss, token_loss_of
+from asyncrl.training.seq_correction import correction_weights
 
 __all__ = ["LossInputs", "LossParams", "TokenLoss", "aggregate", "kl_k3", "merge_metrics", "per_token_loss",
            "policy_loss", "register_loss"]
@@ -98,7 +99,7 @@ def per_token_loss(
         "per_token_loss", logp, prox_logp=prox_logp, behav_logp=behav_logp, advantages=advantages, mask=mask
     )
     positive = (rewards > 0) & m if rewards is not None else torch.zeros_like(m)
-    tok = token_loss_of(p, LossInputs(logp=logp, prox=prox, behav=behav, adv=adv, positive=positive))
+    tok = token_loss_of(p, LossInputs(logp=logp, prox=prox, behav=behav, adv=adv, positive=positive, mask=m))
     return torch.where(m, tok.loss, zero)
 
 
@@ -120,34 +121,45 @@ def policy_loss(
     """The loss of `cfg.loss` with `cfg.loss_params`, `agg(ℓ_t·m_t) + kl_coef·agg(KL_k3) − ent_coef·agg(H_t)`, and
     its metrics.
 
+    With `cfg.seq_correction`, each ℓ_t is multiplied by the correction's detached weight
+    (`asyncrl.training.seq_correction`); the tokens it masks lose their KL and entropy terms too and stay in the
+    denominators; its `corr_*` metrics join (`*_count` are counts, added up by `merge_metrics`).
     `ent_mask` [S, T] (AsyPPO's entropy filter) keeps the bonus only where it is 1, and `ent_coef` overrides
     `cfg.ent_coef`. All per-token tensors are [S, T]; `rewards` is per sample [S] or per token [S, T] (topr splits
     positive/negative by reward > 0). `num_samples` / `num_tokens` are the aggregation denominators of
     the whole batch (for micro batches); by default those of this call. Metrics are means over this
     call's masked tokens except `*_max` (max) and `tokens` (count); merge micro batches with
-    `merge_metrics`. `clip_fraction` is 0 by construction with one optimizer step per batch (r = 1); the
+    `merge_metrics`. `clip_fraction` is 0 by construction with one optimizer step per batch (r = 1) and can
+    be non-zero from a step's second mini-batch update on (`training.mini_batches`, `training.epochs`); the
     engine-trainer gap (`behav_clip_fraction`, `gap_abs`, `gap_k3`: `asyncrl.training.behaviour_gap`) is not.
     """
     shape = logp.shape
     m, zero, logp, prox, behav, adv = _masked_inputs("policy_loss", logp, prox=prox, behav=behav, adv=adv, mask=mask)
     positive = (rewards > 0) if rewards.dim() == 2 else (rewards > 0).unsqueeze(-1).expand(shape)
-    tok = token_loss_of(cfg.loss_params, LossInputs(logp=logp, prox=prox, behav=behav, adv=adv, positive=positive))
+    tok = token_loss_of(cfg.loss_params, LossInputs(logp=logp, prox=prox, behav=behav, adv=adv, positive=positive,
+                                                    mask=m))
     denom = num_tokens if cfg.aggregation == "token-mean" else num_samples
-    pg = aggregate(tok.loss, m, cfg.aggregation, denom)
-    loss = pg
     metrics: dict[str, float] = {}
+    token_pg, keep = tok.loss, m  # keep: the tokens no correction masked (denominators still count them all)
+    if cfg.seq_correction is not None:
+        c = cfg.seq_correction
+        corr = correction_weights(prox, behav, m, c.level, c.mode, c.cap, c.band)
+        token_pg, keep = tok.loss * corr.weight, corr.keep
+        metrics.update(corr.metrics())
+    pg = aggregate(token_pg, m, cfg.aggregation, denom)
+    loss = pg
     if cfg.kl_coef > 0:
         if ref_logp is None:
             raise ValueError("policy_loss: training.kl_coef > 0 needs ref_logp")
         kl = kl_k3(logp, torch.where(m, ref_logp.detach(), zero))
-        loss = loss + cfg.kl_coef * aggregate(kl, m, cfg.aggregation, denom)
+        loss = loss + cfg.kl_coef * aggregate(torch.where(keep, kl, zero), m, cfg.aggregation, denom)
         metrics["kl_ref"] = _masked_mean(kl.detach(), m)
     if entropy is not None:
         ent = torch.where(m, entropy, zero)
         coef = cfg.ent_coef if ent_coef is None else ent_coef
         if coef > 0:
             bonus = ent if ent_mask is None else ent * ent_mask.detach().to(ent.dtype)
-            loss = loss - coef * aggregate(bonus, m, cfg.aggregation, denom)
+            loss = loss - coef * aggregate(torch.where(keep, bonus, zero), m, cfg.aggregation, denom)
         metrics["entropy"] = _masked_mean(ent.detach(), m)
     with torch.no_grad():
         log_r = logp.detach() - prox
@@ -175,7 +187,7 @@ def _masked_mean(x: Tensor, m: Tensor) -> float:
 def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
     """Merge the metrics of the micro batches of one batch.
 
-    `loss`/`pg_loss` add up (each micro loss already carries the batch denominator), `tokens` adds up,
+    `loss`/`pg_loss` add up (each micro loss already carries the batch denominator), `tokens` and `*_count` add up,
     `*_max` take the max, everything else is a token-weighted mean.
     """
     if not parts:
@@ -184,7 +196,7 @@ def merge_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for key in parts[0]:
         vals = [p[key] for p in parts]
-        if key in ("loss", "pg_loss", "tokens"):
+        if key in ("loss", "pg_loss", "tokens") or key.endswith("_count"):
             out[key] = float(sum(vals))
         elif key.endswith("_max"):
             out[key] = float(max(vals))

@@ -2,25 +2,25 @@
 
 Owns: `deepspeed.initialize` with a torch AdamW on the default process group (a lone gloo process unless a
 launcher such as torchrun set the env; see `asyncrl.training.process_group` for the device and backend), token
-log-probs at the sampling temperature, one optimizer step per batch with exact gradient accumulation over micro
-batches and over data-parallel ranks, full HF-named weights for the broadcast, and model/optimizer state for
-checkpoints (plain tensors, safetensors-ready).
+log-probs at the sampling temperature, the optimizer steps of a step (one per batch, or mini-batch updates:
+`asyncrl.training.mini_batches`) with exact gradient accumulation over micro batches and data-parallel ranks,
+full HF-named weights for the broadcast, and model/optimizer state for checkpoints (safetensors-ready).
 
-Data parallel (W ranks): `train_step` is collective. Every rank passes the SAME whole batch; rank r trains on its
-share (`asyncrl.training.distributed.shard_micro_batches`: equal micro-batch counts, all-masked padding), and
-scales each micro loss by W, because the micro losses already carry the whole batch's denominators and DeepSpeed
-averages gradients over the ranks: (1/W)·Σ_r W·g_r = Σ_r g_r, the gradient of the whole batch, as with W = 1.
-The accumulation boundary is each rank's last micro batch. The metric parts of every rank are gathered (JSON over
-the control channel) and merged, so every rank returns the same metrics. `named_weights`, `model_state`,
-`optimizer_state` and `load_state` are collective under ZeRO-3 (and `optimizer_state` under ZeRO 1–2): every rank
-calls them at the same points. `snapshot` is the training role's one call for what leaves the ranks after a step
-(the weights to push, the optimizer state to checkpoint): every rank makes it, rank 0 alone gets the copies.
+Data parallel (W ranks): `train_step` is collective. Every rank passes the SAME whole batch; rank r trains on
+its share of each mini-batch (`asyncrl.training.distributed.shard_micro_batches`: equal micro-batch counts,
+all-masked padding) and scales each micro loss by W: the micro losses carry the mini-batch's denominators
+and DeepSpeed averages gradients over the ranks, (1/W)·Σ_r W·g_r = Σ_r g_r, as with W = 1. The accumulation
+boundary is each rank's last micro batch of a mini-batch. Every rank's metric parts are
+gathered (JSON over the control channel) and merged: every rank returns the same metrics. `named_weights`,
+`model_state`, `optimizer_state` and `load_state` are collective under ZeRO-3 (`optimizer_state` under ZeRO
+1–2 too): every rank calls them at the same points. `snapshot` is the training role's one call for what leaves
+the ranks after a step (weights to push, optimizer state to checkpoint): every rank makes it, rank 0 gets it.
 
 Invariants:
-- one `train_step` = one optimizer step; the proximal log-probs are the policy's log-probs at the
-  start of that step. Since the weights do not change before the single optimizer step and the
-  model runs in eval mode (no dropout), `prox = logp.detach()` of the same forward is exact and saves
-  a forward pass; `logprobs()` computes the same numbers on its own.
+- one `train_step` = `training.mini_batches` × `training.epochs` optimizer steps (1 by default), whose
+  proximal log-probs are all the policy's at the step's start, exact in eval mode (no dropout). With one step
+  the weights have not moved, so `prox = logp.detach()` of the same forward is exact and saves a forward; with
+  several, one no-grad forward at the step's start computes them. `logprobs()` gives the same numbers.
 - log-probs are label-aligned (see `asyncrl.training.batch`): column j is the log-prob of
   `input_ids[:, j]` from the logits at j − 1, with logits divided by the temperature (as vLLM's
   processed log-probs).
@@ -28,7 +28,10 @@ Invariants:
   column. Micro batches: `asyncrl.training.micro_batches` (by count, or packed under `training.micro_batch_tokens`);
   `training.gradient_checkpointing`: `asyncrl.training.activation_checkpointing`. Neither changes the gradient. The
   optimizer is torch's AdamW, fused on a CPU (one pass over the weights: ~7x less CPU than its per-tensor loop).
-- names are those of `model.named_parameters()`: a tied `lm_head.weight` does not appear.
+- names are those of `model.named_parameters()`: a tied `lm_head.weight` does not appear. With `training.lora` the
+  trained parameters are the adapters alone (`asyncrl.training.lora`): the optimizer, the pushes and the checkpoints
+  hold A and B under their wire names (`<module>.lora_A`, `<module>.lora_B`); the base weights never change. LoRA
+  dropout acts in the updates' forwards only: the proximal log-probs then come from a forward without it.
 """
 
 from __future__ import annotations
@@ -50,21 +53,21 @@ from asyncrl.training.activation_checkpointing import enable_gradient_checkpoint
 from asyncrl.training.batch import TrainBatch
 from asyncrl.training.credit import AttentionCredit
 from asyncrl.training.deepspeed_config import deepspeed_config
-from asyncrl.training.distributed import ControlChannel, batch_lengths, shard_micro_batches
+from asyncrl.training.distributed import ControlChannel, batch_lengths
+from asyncrl.training.lora import adapter_params, inject
 from asyncrl.training.losses import merge_metrics, policy_loss
-from asyncrl.training.micro_batches import plan_metrics, rank_plans
+from asyncrl.training.micro_batches import rank_plans
+from asyncrl.training.mini_batches import MiniBatch, plan_updates, step_metrics
 from asyncrl.training.mixed_precision import autocast_context, register_float32_sdpa, resolve_autocast
+from asyncrl.training.policy_state import load_state, optimizer_state
 from asyncrl.training.process_group import (
     forget_deepspeed_groups,
     init_default_group,
     skip_deepspeed_op_builds,
 )
 from asyncrl.training.token_logprobs import full_logprobs, trained_logprobs
-from asyncrl.training.zero_advantage import computed_rows
 
 log = logging.getLogger(__name__)
-
-MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 @dataclass
@@ -119,11 +122,15 @@ class PolicyTrainer:
         self._ref = None
         if cfg.kl_coef > 0:
             self._ref = copy.deepcopy(model).eval().requires_grad_(False).to(self.device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                      fused=self.device.type == "cpu" or None)
+        if cfg.lora is not None:  # adapters on the target layers, every other weight frozen (asyncrl.training.lora)
+            model = inject(model, cfg.lora)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                                      weight_decay=cfg.weight_decay, fused=self.device.type == "cpu" or None)
         ds_cfg = deepspeed_config(cfg, batch_size, dist.get_world_size())
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_cfg)
-        self.engine.eval()  # no dropout: prox == logp at the step start
+        self.engine.eval()  # no dropout: prox == logp at the step start (LoRA's own dropout: `_dropout`)
+        self._dropout = [m for n, m in self.engine.module.named_modules()
+                         if "lora_dropout" in n and isinstance(m, torch.nn.Dropout) and m.p > 0]
         if cfg.gradient_checkpointing:  # after eval(): it flags the decoder layers alone (activation_checkpointing)
             enable_gradient_checkpointing(self.engine.module)
         self.credit = AttentionCredit(cfg.attention_credit, model.config.num_hidden_layers) if cfg.attention_credit else None
@@ -186,45 +193,57 @@ class PolicyTrainer:
 
     def train_step(self, batch: TrainBatch, temperature: float = 1.0, micro_batch_size: int | None = None,
                    ent_coef: float | None = None) -> dict[str, float]:
-        """One optimizer step on `batch`, accumulating gradients over its micro batches (and ranks).
+        """The step's optimizer steps on `batch` (`asyncrl.training.mini_batches`), each accumulating
+        gradients over its mini-batch's micro batches (and ranks), whose losses carry its denominators.
 
-        Each micro loss carries the batch's aggregation denominators, so the accumulated gradient is
-        the gradient of the whole batch's loss. Collective when W > 1: every rank passes the same whole `batch`
-        and trains on its share (see the module docstring). The entropy bonus (coefficient `ent_coef`, default
-        `cfg.ent_coef`) applies where `batch.entropy_mask` is 1. With `cfg.attention_credit`, each micro
-        batch's advantages are rescaled by γ_t from the attention of this same forward pass (see
-        `asyncrl.training.credit`). Rows of exactly zero gradient are not computed (`asyncrl.training.zero_advantage`).
-        Returns the merged loss metrics, `grad_norm` (before clipping), `entropy` and `skipped_rows`.
-        """
-        size, tokens = micro_batch_size or self.cfg.micro_batch_size, self.cfg.micro_batch_tokens
+        Collective when W > 1 (module docstring). The entropy bonus (`ent_coef`, default `cfg.ent_coef`)
+        applies where `batch.entropy_mask` is 1. With `cfg.attention_credit`, each micro batch's advantages
+        are rescaled by γ_t from the attention of the same forward (`asyncrl.training.credit`). Rows of zero
+        gradient are not computed (`asyncrl.training.zero_advantage`). Returns `step_metrics`: loss metrics,
+        `grad_norm` (before clipping), `entropy`, `skipped_rows`, `updates`, the plan."""
+        size = micro_batch_size or self.cfg.micro_batch_size
         coef = self.cfg.ent_coef if ent_coef is None else ent_coef
-        computed = computed_rows(batch, self.cfg, coef)  # rows of exactly zero gradient left out
-        micro = shard_micro_batches(computed, self.rank, self.world_size, size, tokens)
-        parts = []
-        for i, (cpu_mb, padding) in enumerate(micro):
-            self.engine.set_gradient_accumulation_boundary(i == len(micro) - 1)
+        minis = plan_updates(batch, self.cfg, coef, self.rank, self.world_size, size)
+        if self.cfg.mini_batches * self.cfg.epochs > 1 or self._dropout:  # step-start log-probs, no dropout
+            for mini in minis:
+                mini.prox = self._prox_logprobs(mini.micro, temperature)
+        for m in self._dropout:  # LoRA dropout acts in the updates' forwards alone
+            m.train()
+        try:
+            results = [self._update(mini, temperature, coef) for _ in range(self.cfg.epochs) for mini in minis]
+        finally:
+            for m in self._dropout:
+                m.eval()
+        return step_metrics(batch, minis, results, self.world_size, size, self.cfg.micro_batch_tokens)
+
+    @torch.no_grad()
+    def _prox_logprobs(self, micro: list[tuple[TrainBatch, bool]], temperature: float) -> list[Tensor]:
+        """The policy's log-probs at the trained-on columns of each of `micro`, by an update's own forward
+        without gradient. Padding micro batches run too: ZeRO-3 gathers the weights in every forward."""
+        out = []
+        for cpu_mb, _ in micro:
+            mb = self._to_device(cpu_mb)
+            out.append(self._forward(mb, temperature, need_entropy_grad=False, trained_only=True)[0])
+        return out
+
+    def _update(self, mini: MiniBatch, temperature: float, ent_coef: float) -> dict[str, float]:
+        """One optimizer step on `mini`: its metrics merged over micro batches and ranks, and `grad_norm`."""
+        parts, entropy_grad = [], ent_coef > 0
+        for i, (cpu_mb, padding) in enumerate(mini.micro):
+            self.engine.set_gradient_accumulation_boundary(i == len(mini.micro) - 1)
             mb = self._to_device(cpu_mb)
             advantages, credit_metrics = mb.advantages, {}
             if self.credit is not None:
                 with self.credit.capture(self.engine) as cap:
-                    logp, entropy = self._forward(mb, temperature, need_entropy_grad=coef > 0, trained_only=True)
+                    logp, entropy = self._forward(mb, temperature, entropy_grad, trained_only=True)
                 advantages, credit_metrics = self.credit.scale(cap, mb)
             else:
-                logp, entropy = self._forward(mb, temperature, need_entropy_grad=coef > 0, trained_only=True)
+                logp, entropy = self._forward(mb, temperature, entropy_grad, trained_only=True)
+            prox = logp.detach() if mini.prox is None else mini.prox[i]
             loss, metrics = policy_loss(
-                self.cfg,
-                logp,
-                logp.detach(),
-                mb.behav_logprobs,
-                advantages,
-                mb.response_mask,
-                mb.rewards,
-                ref_logp=self._ref_logprobs(mb, temperature),
-                entropy=entropy,
-                num_samples=max(batch.num_nonempty, 1),
-                num_tokens=max(batch.num_tokens, 1),
-                ent_mask=mb.entropy_mask,
-                ent_coef=coef,
+                self.cfg, logp, prox, mb.behav_logprobs, advantages, mb.response_mask, mb.rewards,
+                ref_logp=self._ref_logprobs(mb, temperature), entropy=entropy, num_samples=mini.num_samples,
+                num_tokens=mini.num_tokens, ent_mask=mb.entropy_mask, ent_coef=ent_coef,
             )
             self.engine.backward(loss * self.world_size if self.world_size > 1 else loss, scale_wrt_gas=False)
             if not padding:
@@ -234,10 +253,7 @@ class PolicyTrainer:
         if grad_norm is None:
             norm = self.engine.get_global_grad_norm()
             grad_norm = float(norm) if norm is not None else float("nan")
-        out = merge_metrics(self._gather_parts(parts))
-        out.update(grad_norm=grad_norm, skipped_rows=float(batch.num_samples - computed.num_samples),
-                   batch_tokens=float(batch.num_tokens))
-        return out | plan_metrics(batch_lengths(computed), self.world_size, size, tokens)
+        return merge_metrics(self._gather_parts(parts)) | {"grad_norm": grad_norm}
 
     def _gather_parts(self, parts: list[dict[str, float]]) -> list[dict[str, float]]:
         """Every rank's metric parts, in rank order (this rank's alone when W = 1)."""
@@ -253,10 +269,14 @@ class PolicyTrainer:
     # ---- weights and state ---------------------------------------------------------------------
 
     def _named_params(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """The trained parameters: every one (HF names), or with LoRA the adapters (wire names)."""
+        if self.cfg.lora is not None:
+            return adapter_params(self.engine.module)
         return list(self.engine.module.named_parameters())
 
     def named_weights(self) -> list[tuple[str, Tensor]]:
-        """Full float32 CPU copies of every parameter, HF names, in `named_parameters()` order."""
+        """Float32 CPU copies of the trained parameters (`_named_params`: every parameter with HF names, or the LoRA
+        adapters with their wire names), in `named_parameters()` order: what a push sends and a checkpoint keeps."""
         params = self._named_params()
         if self.stage == 3:
             import deepspeed
@@ -277,114 +297,13 @@ class PolicyTrainer:
         """Contiguous CPU clones of every parameter (tied weights once), for safetensors."""
         return {n: t.contiguous() for n, t in self.named_weights()}
 
-    def _base_optimizer(self) -> torch.optim.Optimizer:
-        opt = self.engine.optimizer
-        return opt if self.stage == 0 else opt.optimizer
-
     def optimizer_state(self) -> dict[str, Tensor]:
-        """AdamW state as flat named tensors: `step` (0-dim) and `exp_avg.<param>`, `exp_avg_sq.<param>`.
-
-        The same format under every ZeRO stage (full, unpartitioned moments); before the first step
-        only `step` = 0.
-        """
-        base = self._base_optimizer()
-        if not base.state:
-            return {"step": torch.tensor(0.0)}
-        step = float(next(iter(base.state.values()))["step"])
-        out = {"step": torch.tensor(step)}
-        for name, p in self._named_params():
-            for key in MOMENTS:
-                out[f"{key}.{name}"] = self._get_moment(base, p, key).float().cpu().clone().contiguous()
-        return out
-
-    def _get_moment(self, base: torch.optim.Optimizer, p: torch.nn.Parameter, key: str) -> Tensor:
-        if self.stage == 0:
-            return base.state[p][key].detach()
-        from deepspeed.utils import safe_get_full_optimizer_state
-
-        t = safe_get_full_optimizer_state(p, key)
-        shape = getattr(p, "ds_shape", p.shape)
-        return t.reshape(shape)
+        """AdamW state as flat named tensors (`asyncrl.training.policy_state.optimizer_state`)."""
+        return optimizer_state(self.engine, self.stage, self._named_params())
 
     def load_state(self, model_state: dict[str, Tensor], optimizer_state: dict[str, Tensor] | None = None) -> None:
-        """Load `model_state()` / `optimizer_state()` output (checkpoint resume)."""
-        params = self._named_params()
-        names = {n for n, _ in params}
-        missing, extra = sorted(names - set(model_state)), sorted(set(model_state) - names)
-        if missing or extra:
-            raise ValueError(f"model_state: missing parameters {missing[:5]}, unexpected {extra[:5]}")
-        for n, p in params:
-            shape = tuple(getattr(p, "ds_shape", p.shape))
-            if tuple(model_state[n].shape) != shape:
-                raise ValueError(f"model_state[{n!r}]: expected shape {shape}, got {tuple(model_state[n].shape)}")
-        self._load_weights(params, model_state)
-        if optimizer_state is not None:
-            self._load_optimizer(params, optimizer_state)
-
-    def _load_weights(self, params: list[tuple[str, torch.nn.Parameter]], state: dict[str, Tensor]) -> None:
-        import deepspeed
-        from deepspeed.utils import safe_set_full_fp32_param
-
-        if self.stage == 3:
-            with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=0), torch.no_grad():
-                for n, p in params:
-                    p.data.copy_(state[n])
-        else:
-            with torch.no_grad():
-                for n, p in params:
-                    p.data.copy_(state[n])
-        if self.stage > 0:  # the optimizer's fp32 master partitions are separate copies
-            for n, p in params:
-                safe_set_full_fp32_param(p, state[n].float())
-
-    def _load_optimizer(self, params: list[tuple[str, torch.nn.Parameter]], state: dict[str, Tensor]) -> None:
-        """Overwrite AdamW's moments and step in place (DeepSpeed keeps views into the state tensors).
-
-        `step` = 0 writes zero moments: the same as a fresh AdamW.
-        """
-        if "step" not in state:
-            raise ValueError("optimizer_state: missing 'step'")
-        step = float(state["step"])
-        base = self._base_optimizer()
-        if not base.state:
-            self._materialise_optimizer_state()
-        from deepspeed.utils import safe_set_full_optimizer_state
-
-        for n, p in params:
-            shape = tuple(getattr(p, "ds_shape", p.shape))
-            for key in MOMENTS:
-                value = state.get(f"{key}.{n}")
-                if value is None:
-                    if step > 0:
-                        raise ValueError(f"optimizer_state: missing {key}.{n}")
-                    value = torch.zeros(shape)
-                if tuple(value.shape) != shape:
-                    raise ValueError(f"optimizer_state[{key}.{n}]: expected shape {shape}, got {tuple(value.shape)}")
-                if self.stage == 0:
-                    base.state[p][key].copy_(value)
-                else:
-                    safe_set_full_optimizer_state(p, value.float(), key)
-        for s in base.state.values():
-            s["step"] = torch.tensor(step)
-
-    def _materialise_optimizer_state(self) -> None:
-        """Create AdamW's lazy state (and DeepSpeed's links to it) with a no-op engine step.
-
-        Zero gradients at lr 0 leave every weight unchanged; the moments and step are overwritten next.
-        """
-        groups = self.engine.optimizer.param_groups
-        lrs = [g["lr"] for g in groups]
-        for g in groups:
-            g["lr"] = 0.0
-        try:
-            self.engine.set_gradient_accumulation_boundary(True)
-            ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
-            logits = self.engine(input_ids=ids, use_cache=False).logits
-            self.engine.backward(logits.sum() * 0.0, scale_wrt_gas=False)
-            self.engine.step()
-        finally:
-            for g, lr in zip(groups, lrs, strict=True):
-                g["lr"] = lr
+        """Load `model_state()` / `optimizer_state()` output (checkpoint resume; `asyncrl.training.policy_state`)."""
+        load_state(self.engine, self.stage, self.device, self._named_params(), model_state, optimizer_state)
 
     def close(self) -> None:
         """Release the engine and destroy the process group if this trainer created it."""

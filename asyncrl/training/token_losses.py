@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["LossInputs", "TokenLoss", "cispo_token_loss", "decoupled_ppo_token_loss", "ppo_token_loss",
-           "tis_token_loss", "topr_token_loss"]
+__all__ = ["LossInputs", "TokenLoss", "cispo_token_loss", "decoupled_ppo_token_loss", "gspo_token_loss",
+           "ppo_token_loss", "tis_token_loss", "topr_token_loss"]
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,8 @@ class LossInputs:
     """The per-token tensors a loss function gets, all [S, T], masked positions already zeroed.
 
     `logp` = log π_θ (carries the gradient); `prox` = log π_prox and `behav` = log π_behav (the engine's
-    log-probs), `adv` = the advantage, all detached; `positive` (bool) marks the tokens of samples with reward > 0.
+    log-probs), `adv` = the advantage, all detached; `positive` (bool) marks the tokens of samples with reward > 0;
+    `mask` (bool) the trained tokens, for losses that reduce over a sample (gspo); None where the caller has none.
     """
 
     logp: Tensor
@@ -29,6 +30,7 @@ class LossInputs:
     behav: Tensor
     adv: Tensor
     positive: Tensor
+    mask: Tensor | None = None
 
 
 @dataclass
@@ -102,6 +104,28 @@ def decoupled_ppo_token_loss(
         dropped = _none(w)
         weight = torch.clamp(w, max=w_max)
     return TokenLoss(loss=weight * inner.loss, weight=w, clipped=inner.clipped, capped=capped, dropped=dropped)
+
+
+def gspo_token_loss(logp: Tensor, prox: Tensor, adv: Tensor, mask: Tensor, clip_low: float,
+                    clip_high: float) -> TokenLoss:
+    """GSPO in its token form: `s_i = exp((1/|y_i|) Σ_t (logp − prox))` over sample i's trained tokens (`mask`),
+    `s_it = sg(s_i) · exp(logp_t − sg(logp_t))` (value s_i, gradient s_i·∇logp_t) and
+    `ℓ_t = −min(s_it·A_t, clip(s_it, 1−ε_lo, 1+ε_hi)·A_t)`.
+
+    With one advantage per sample and a per-sample mean of ℓ_t (`seq-mean-token-mean`), the sample's loss is GSPO's
+    `−min(s_i·A_i, clip(s_i)·A_i)` and its gradient GSPO's, whatever the sample's length. `clipped` marks the tokens
+    of samples whose clipped term is taken; `weight` is s_i. A sample without trained tokens has s_i = 1.
+    """
+    m = mask.bool()
+    d = torch.where(m, logp - prox, torch.zeros_like(logp))
+    mean = d.detach().sum(dim=-1, keepdim=True) / m.sum(dim=-1, keepdim=True).clamp(min=1)
+    s = torch.exp(mean).expand_as(logp)
+    ratio = s * torch.exp(logp - logp.detach())
+    unclipped = -ratio * adv
+    clipped_term = -torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+    loss = torch.maximum(unclipped, clipped_term)
+    clipped = ((adv > 0) & (s > 1.0 + clip_high)) | ((adv < 0) & (s < 1.0 - clip_low))
+    return TokenLoss(loss=loss, weight=s.detach(), clipped=clipped, capped=_none(s), dropped=_none(s))
 
 
 def tis_token_loss(logp: Tensor, behav: Tensor, adv: Tensor, cap: float) -> TokenLoss:

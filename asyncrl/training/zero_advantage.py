@@ -22,7 +22,7 @@ from torch import Tensor
 from asyncrl.config.schema import TrainingConfig
 from asyncrl.training.batch import TrainBatch
 
-ADVANTAGE_LINEAR_LOSSES = frozenset({"ppo", "decoupled_ppo", "tis", "cispo", "topr"})
+ADVANTAGE_LINEAR_LOSSES = frozenset({"ppo", "decoupled_ppo", "tis", "cispo", "topr", "gspo"})
 """Built-in losses whose token loss is A_t × a finite factor (tested: zero loss and zero gradient at A = 0)."""
 
 

@@ -242,7 +242,10 @@ class WeightSender:
         master_addr: str = "127.0.0.1",
         device: str | torch.device = "cpu",
         workers_per_server: int = 1,
+        lora_scale: float = 0.0,
     ) -> None:
+        """`lora_scale` > 0: every push is a LoRA adapter of that scale (`asyncrl.adapters.lora`), and a server
+        joins only if it serves adapters of that scale (it refuses the join otherwise, naming why)."""
         if workers_per_server < 1:
             raise ValueError(f"workers_per_server: expected >= 1 (a server's tensor-parallel size), got "
                              f"{workers_per_server}")
@@ -257,6 +260,7 @@ class WeightSender:
         self.master_addr = master_addr
         self.device = torch.device(device)
         self.workers_per_server = int(workers_per_server)
+        self.lora_scale = float(lora_scale)
         self._store: dist.TCPStore | None = None
         self._pg: dist.ProcessGroup | None = None
         # One HTTP client for every call (thread-safe; its connections kept alive): building an httpx client loads
@@ -305,6 +309,7 @@ class WeightSender:
                 "backend": self.backend,
                 "timeout_s": self.timeout_s,
                 "group_name": group_name,
+                "lora_scale": self.lora_scale,
             }
             step.start(url, lambda url=url, body=body: _post(self._http, f"{url}/weights/init", body, join_s + 30.0))
         step.start(

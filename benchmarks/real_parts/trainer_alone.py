@@ -278,6 +278,9 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     peak_before = measure_matmul_peak(threads, dtypes=(dtype,))
     training = {"cpu_threads": threads, "matmul_dtype": dtype, "lr": 1e-6, **spec["training"]}
     cfg = TrainingConfig(**training)
+    if cfg.mini_batches * cfg.epochs > 1:  # the plan and FLOP figures below are those of one update a step
+        raise ValueError(f"{spec['name']}: training.mini_batches x training.epochs must be 1 here (one "
+                         f"optimizer step a train_step), got {cfg.mini_batches} x {cfg.epochs}")
     t0 = time.monotonic()
     trainer = PolicyTrainer(model_path, cfg, batch_size=batch.num_samples)
     init_s = time.monotonic() - t0

@@ -12,6 +12,10 @@ new version (the bytes, not the values, set the cost). Measured per push:
   the recomputation of the running requests' KV after it, which the update clears), and the decode rate before.
 The first push to a server takes vLLM's layerwise reload, later ones the fast CPU reload (asyncrl/generation/
 cpu_reload.py): pushes are listed in order.
+`--modes full,lora` measures both kinds of push side by side, one server each, in this order: `full` sends every
+weight; `lora` sends only LoRA adapters (`--lora-rank`, `--lora-alpha`, the default targets; B random so that the
+merge does real work) to a server started with `--lora-scale`, which merges them (asyncrl/generation/lora_merge.py).
+The result then has `lora_vs_full`: the ratio of bytes pushed and of the mean pause, idle and under load.
 
 Run: `python benchmarks/real_parts/weight_push.py --model DIR --dtype float32 --bucket-mb 16 --idle-pushes 3
 --load-pushes 2 --load-seqs 32 --out benchmarks/results/real_weight_push.json` (heavy: under
@@ -39,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = str(ROOT / ".cache/asyncrl/models/smollm2-135m-instruct")  # make import-smollm2
 
 
-def start_server(model: str, dtype: str, work: Path, args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(model: str, dtype: str, work: Path, args: argparse.Namespace, lora_scale: float = 0.0
+                 ) -> tuple[subprocess.Popen[bytes], str]:
     ready = work / "ready.json"
     cmd = [sys.executable, "-m", "asyncrl.generation.server", "--model", model, "--port", "0", "--dtype", dtype,
            "--ready-file", str(ready), "--work-dir", str(work / "vllm"), "--max-model-len", str(args.max_model_len),
@@ -49,6 +54,8 @@ def start_server(model: str, dtype: str, work: Path, args: argparse.Namespace) -
         cmd += ["--cpu-threads", str(args.cpu_threads)]
     if args.kv_after_update != "recompute":  # likewise
         cmd += ["--kv-after-update", args.kv_after_update]
+    if lora_scale > 0:
+        cmd += ["--lora-scale", str(lora_scale)]
     src = Path(args.server_src).resolve() if args.server_src else ROOT
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]))
     log = open(work / "server.log", "wb")  # noqa: SIM115 - the child writes it until it is stopped
@@ -142,22 +149,70 @@ def main(argv: list[str] | None = None) -> None:
                    "after the push")
     p.add_argument("--server-src", default=None, help="run the server from this asyncrl source tree (a before/after "
                    "comparison: e.g. `git archive HEAD | tar -x -C DIR`); default this one")
+    p.add_argument("--modes", default="full", help="comma-separated: full, lora (module docstring)")
+    p.add_argument("--lora-rank", type=int, default=8)
+    p.add_argument("--lora-alpha", type=float, default=16.0)
     p.add_argument("--out", type=Path)
     a = p.parse_args(argv)
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    if not modes or set(modes) - {"full", "lora"}:
+        raise SystemExit(f"--modes: expected full and/or lora, got {a.modes!r}")
+    runs = {mode: run_mode(a, mode) for mode in modes}
+    result: dict[str, Any] = runs[modes[0]] if len(modes) == 1 else {"modes": runs}
+    if {"full", "lora"} <= set(runs):
+        result["lora_vs_full"] = compare(runs["full"], runs["lora"])
+        print(json.dumps({"lora_vs_full": result["lora_vs_full"]}, indent=2))
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(result, indent=2) + "\n")
 
+
+def _mean(rows: list[dict[str, Any]], key: str, loaded: bool) -> float | None:
+    vals = [r[key] for r in rows[1:] if r["loaded"] == loaded and r.get(key) is not None]  # the first: layerwise
+    return sum(vals) / len(vals) if vals else None
+
+
+def compare(full: dict[str, Any], lora: dict[str, Any]) -> dict[str, Any]:
+    """Bytes and pauses of LoRA pushes against full ones (means over the pushes after each server's first)."""
+    out: dict[str, Any] = {"wire_bytes_full": full["wire_bytes"], "wire_bytes_lora": lora["wire_bytes"],
+                           "bytes_ratio_full_over_lora": full["wire_bytes"] / lora["wire_bytes"]}
+    for loaded in (False, True):
+        tag = "under_load" if loaded else "idle"
+        for key in ("paused_s", "push_s", "stall_s"):
+            f, lo = _mean(full["pushes"], key, loaded), _mean(lora["pushes"], key, loaded)
+            out[f"{key}_{tag}_full"], out[f"{key}_{tag}_lora"] = f, lo
+            out[f"{key}_{tag}_lora_over_full"] = lo / f if f and lo is not None else None
+    return out
+
+
+def run_mode(a: argparse.Namespace, mode: str) -> dict[str, Any]:
+    """Pushes of one kind (`full` or `lora`) to a server of its own; the figures of `main`'s docstring."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from asyncrl.config.schema import LoraConfig
+    from asyncrl.training.lora import adapter_params, inject
     from asyncrl.weights.buckets import DTYPES, wire_tensors
     from asyncrl.weights.sync import WeightSender
 
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
-    named = [(n, p_.detach()) for n, p_ in model.named_parameters()]
-    work = Path(tempfile.mkdtemp(prefix="asyncrl-wp-"))
-    proc, url = start_server(a.model, a.dtype, work, a)
+    lora_scale = 0.0
+    if mode == "lora":
+        lora = LoraConfig(rank=a.lora_rank, alpha=a.lora_alpha)
+        model, lora_scale = inject(model, lora), lora.scale
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for _, p_ in adapter_params(model):
+                p_.copy_(0.01 * torch.randn(p_.shape, generator=g))
+        named = [(n, p_.detach()) for n, p_ in adapter_params(model)]
+    else:
+        named = [(n, p_.detach()) for n, p_ in model.named_parameters()]
+    work = Path(tempfile.mkdtemp(prefix=f"asyncrl-wp-{mode}-"))
+    proc, url = start_server(a.model, a.dtype, work, a, lora_scale)
     pushes: list[dict[str, Any]] = []
-    sender = WeightSender([url], backend="gloo", timeout_s=300, bucket_bytes=int(a.bucket_mb * 2**20))
+    sender = WeightSender([url], backend="gloo", timeout_s=300, bucket_bytes=int(a.bucket_mb * 2**20),
+                          lora_scale=lora_scale)
     try:
         httpx.post(f"{url}/generate", json={"request_id": "warm", "prompt_token_ids": [1, 2, 3], "max_tokens": 4},
                    timeout=300).raise_for_status()
@@ -204,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                        range(a.load_seqs)]}, timeout=60)
                 batch.join(120)
             pushes.append(row)
-            print(f"push {version} ({'under load' if loaded else 'idle'}): {row['push_s']:.2f} s, paused "
+            print(f"{mode} push {version} ({'under load' if loaded else 'idle'}): {row['push_s']:.2f} s, paused "
                   f"{row['paused_s']:.2f} s, phases {json.dumps({k: round(v, 3) for k, v in reply['phases'].items()})}"
                   + (f", longest stall {row['stall_s']:.2f} s, next token {row['resume_to_next_token_s']} s after "
                      f"the push (decoding {row['decode_tokens_per_s_before'] or 0:.0f} tok/s before)"
@@ -213,13 +268,11 @@ def main(argv: list[str] | None = None) -> None:
         sender.shutdown()
         stop(proc)
     nbytes = sum(t.numel() * t.element_size() for _, t in wire_tensors(named, DTYPES[a.dtype]))
-    result = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "model": a.model, "dtype": a.dtype,
+    result = {"mode": mode, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "model": a.model, "dtype": a.dtype,
               "bucket_mb": a.bucket_mb, "wire_bytes": nbytes, "kv_after_update": a.kv_after_update, "cpu_threads": a.cpu_threads, "connect_s": connect_s,
               "load_seqs": a.load_seqs, "load_tokens": a.load_tokens, "server_src": a.server_src, "pushes": pushes, "server_log": str(work)}
-    print(json.dumps(result, indent=2))
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "pushes"}, indent=2))
+    return result
 
 
 if __name__ == "__main__":

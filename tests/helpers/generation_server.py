@@ -71,7 +71,7 @@ class _Launched:
 
 
 def _launch(model_dir: Path, work_dir: Path, max_model_len: int, token: str | None = None,
-            dtype: str = "float32", kv_after_update: str = "recompute") -> _Launched:
+            dtype: str = "float32", kv_after_update: str = "recompute", extra_args: tuple[str, ...] = ()) -> _Launched:
     """Start a server; `token` None: `--insecure-no-token`, else the token goes in ASYNCRL_ROLE_TOKEN."""
     work_dir.mkdir(parents=True, exist_ok=True)
     ready = work_dir / "ready.json"
@@ -80,7 +80,7 @@ def _launch(model_dir: Path, work_dir: Path, max_model_len: int, token: str | No
         sys.executable, "-m", "asyncrl.generation.server", "--model", str(model_dir), "--port", "0",
         "--ready-file", str(ready), "--work-dir", str(work_dir / "vllm"), "--max-model-len", str(max_model_len),
         "--kv-cache-gib", "0.25", "--max-num-seqs", "16", "--dtype", dtype, "--kv-after-update", kv_after_update,
-        "--log-level", "WARNING",
+        "--log-level", "WARNING", *extra_args,
     ]
     env = {k: v for k, v in os.environ.items() if k != "ASYNCRL_ROLE_TOKEN"}
     if token is None:
@@ -116,12 +116,13 @@ def _wait_ready(launched: list[_Launched], timeout_s: float) -> list[ServerProce
 
 
 def start_server(model_dir: Path, work_dir: Path, timeout_s: float = 300.0, max_model_len: int = MAX_MODEL_LEN,
-                 token: str | None = None, dtype: str = "float32", kv_after_update: str = "recompute"
-                 ) -> ServerProcess:
+                 token: str | None = None, dtype: str = "float32", kv_after_update: str = "recompute",
+                 extra_args: tuple[str, ...] = ()) -> ServerProcess:
     """Start a server on a free port; return once its ready file exists and /health answers. `token`: the
     bearer token it requires (None: an insecure server); `dtype`, `kv_after_update`: generation.dtype and
-    generation.kv_after_update of its engine."""
-    return _wait_ready([_launch(model_dir, work_dir, max_model_len, token, dtype, kv_after_update)], timeout_s)[0]
+    generation.kv_after_update of its engine; `extra_args`: more server arguments (e.g. --lora-scale)."""
+    return _wait_ready([_launch(model_dir, work_dir, max_model_len, token, dtype, kv_after_update, extra_args)],
+                       timeout_s)[0]
 
 
 EOS_TOKEN = 20  # the most frequent token of the seed-0 tiny model (~8% of sampled tokens)

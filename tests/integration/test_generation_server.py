@@ -127,7 +127,7 @@ def test_abort_returns_partial_tokens(server: ServerProcess) -> None:
 
 
 HEALTH_FIELDS = {"status", "version", "running", "waiting", "load", "uptime_s", "busy_s", "tokens_generated",
-                 "requests_finished", "requests_aborted", "updates"}
+                 "requests_finished", "requests_aborted", "updates", "lora_scale"}
 
 
 def test_health_fields(server: ServerProcess) -> None:

@@ -6,7 +6,8 @@
    Attention credit off. Each stage runs in its own interpreter(s): `python this_file.py <stage> <model> <out>`,
    as a lone process (W = 1) or under torchrun (W = 2).
    Then every rank reloads the step-1 state in place (`load_state`, collective under ZeRO-3) and a second step
-   must equal the second step taken straight on.
+   must equal the second step taken straight on. With 2 mini-batches (`training.mini_batches`), the step's two
+   optimizer steps on 2 ranks equal those of the lone process too.
 2. An embedded run (`asyncrl run`, smoke config) with `training.num_processes=2` does 2 steps; its trained
    weights reach the generation server (the launcher compares checksums and fails the run otherwise), and both
    ranks' logs show the protocol ran to "stop".
@@ -37,7 +38,7 @@ def _groups():
     return [Group("g0", 0, "t", samples[:3]), Group("g1", 1, "t", samples[3:])]
 
 
-def _worker(stage: int, model_dir: Path, out_dir: Path, tokens: int | None = None) -> None:
+def _worker(stage: int, model_dir: Path, out_dir: Path, tokens: int | None = None, mini: int = 1) -> None:
     import torch
     from safetensors.torch import save_file
 
@@ -48,7 +49,7 @@ def _worker(stage: int, model_dir: Path, out_dir: Path, tokens: int | None = Non
 
     aggregation = "token-mean" if stage == 2 else "seq-mean-token-mean"
     cfg = TrainingConfig(zero_stage=stage, micro_batch_size=MICRO, lr=1e-3, loss="decoupled_ppo", ent_coef=0.01,
-                         aggregation=aggregation, grad_clip=1e6, micro_batch_tokens=tokens)
+                         aggregation=aggregation, grad_clip=1e6, micro_batch_tokens=tokens, mini_batches=mini)
     trainer = PolicyTrainer(model_dir, cfg, timeout_s=60)
     try:
         if trainer.is_leader:
@@ -79,7 +80,8 @@ def _worker(stage: int, model_dir: Path, out_dir: Path, tokens: int | None = Non
         trainer.close()
 
 
-def _run(stage: int, model_dir: Path, out_dir: Path, world_size: int, tokens: int | None = None) -> dict:
+def _run(stage: int, model_dir: Path, out_dir: Path, world_size: int, tokens: int | None = None,
+         mini: int = 1) -> dict:
     out_dir.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
                                                               "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
@@ -87,7 +89,8 @@ def _run(stage: int, model_dir: Path, out_dir: Path, world_size: int, tokens: in
             "TORCH_EXTENSIONS_DIR": env.get("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))}
     launcher = [] if world_size == 1 else ["-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                                            "--nproc-per-node", str(world_size)]
-    cmd = [sys.executable, *launcher, str(HERE), str(stage), str(model_dir), str(out_dir), *([str(tokens)] if tokens else [])]
+    cmd = [sys.executable, *launcher, str(HERE), str(stage), str(model_dir), str(out_dir), str(tokens or 0),
+           str(mini)]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads((out_dir / "metrics.json").read_text())
@@ -104,15 +107,19 @@ def model_dir(tmp_path_factory):
 @pytest.mark.timeout(400)
 # (3, 8): the two ranks pack their micro batches under a token budget of 8 (rows of 6; 4 and 4; 2 and 2 tokens: rank 0
 # runs [6] and [2, 2], rank 1 [4, 4] and a padding one), the lone process by count: the same step all the same
-@pytest.mark.parametrize(("stage", "tokens"), [(0, None), (3, None), (3, 8)])
-def test_two_ranks_equal_one_rank(stage, tokens, model_dir, tmp_path):
+# (0, None, 2): 2 mini-batches, rows [0, 1, 2] and [3, 4]: the lone process runs [0, 1], [2] then [3, 4];
+# rank 0 [0, 1] then [3], rank 1 [2] then [4]; two optimizer steps each; (3, 8, 2): the same under ZeRO-3,
+# the ranks packing under the budget
+@pytest.mark.parametrize(("stage", "tokens", "mini"),
+                         [(0, None, 1), (3, None, 1), (3, 8, 1), (0, None, 2), (3, 8, 2)])
+def test_two_ranks_equal_one_rank(stage, tokens, mini, model_dir, tmp_path):
     import torch
     from safetensors.torch import load_file
 
     # the lone process and the two ranks are independent: they run side by side (their start is mostly imports)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        one_run = pool.submit(_run, stage, model_dir, tmp_path / "w1", 1)
-        two_run = pool.submit(_run, stage, model_dir, tmp_path / "w2", 2, tokens)
+        one_run = pool.submit(_run, stage, model_dir, tmp_path / "w1", 1, None, mini)
+        two_run = pool.submit(_run, stage, model_dir, tmp_path / "w2", 2, tokens, mini)
         one, two = one_run.result(), two_run.result()
     assert (one["world_size"], two["world_size"]) == (1, 2)
     s1, s2 = load_file(str(tmp_path / "w1/state.safetensors")), load_file(str(tmp_path / "w2/state.safetensors"))
@@ -134,16 +141,23 @@ def test_two_ranks_equal_one_rank(stage, tokens, model_dir, tmp_path):
         compared, total = compared + int(signal.sum()), total + signal.numel()
         changed += int((s1[k] != start[k[2:]]).sum())
     assert compared > 0.97 * total and changed > 0.97 * total
-    assert float(s1["o.step"][0]) == float(s2["o.step"][0]) == 1.0
+    assert float(s1["o.step"][0]) == float(s2["o.step"][0]) == float(mini)
+    assert one["updates"] == two["updates"] == float(mini)
     assert len(one) == len(two)
     for key in ("loss", "pg_loss", "tokens", "entropy", "iw_mean", "iw_max", "clip_fraction", "grad_norm"):
         assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
     assert one["tokens"] == 9.0 and one["grad_norm"] > 0
-    if tokens:  # rows of 2, 4, 6, 2, 4 tokens; by count [2, 4], [6, 2], [4]: 24 computed for 18; packed: no padding
+    # rows of 2, 4, 6, 2, 4 tokens; by count [2, 4], [6, 2], [4]: 24 computed for 18; packed: no padding.
+    # With 2 mini-batches [2, 4, 6] and [2, 4]: by count [2, 4], [6], [2, 4]; packed [6], [4, 2], [4, 2]:
+    # 22 computed for 18 both
+    if tokens and mini == 1:
         assert (one["padding_fraction"], two["padding_fraction"]) == (pytest.approx(1 - 18 / 24), 0.0)
+    if tokens and mini == 2:
+        assert (one["padding_fraction"], two["padding_fraction"]) == (pytest.approx(1 - 18 / 22),) * 2
     for res in (one, two):
         assert res["resume_max_diff"] <= 1e-7 and res["resume_loss_diff"] <= 1e-7
 
 
 if __name__ == "__main__":
-    _worker(int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else None)
+    args = sys.argv[1:]
+    _worker(int(args[0]), Path(args[1]), Path(args[2]), int(args[3]) or None, int(args[4]))

@@ -92,7 +92,7 @@ def test_cross_field_errors_name_the_blamed_field_once(tmp_path: Path) -> None:
 def test_unknown_names_list_the_known_ones(tmp_path: Path) -> None:
     lines = _load(tmp_path, "training:\n  loss: ppoo\ntask:\n  name: gsm8k\n").splitlines()[1:]
     assert lines == ["  task.name: Input should be 'arithmetic', 'jsonl', 'reasoning_gym' or 'file' (got 'gsm8k')",
-                     "  training.loss: Input should be 'ppo', 'decoupled_ppo', 'tis', 'cispo' or 'topr' (got 'ppoo'); "
+                     "  training.loss: Input should be 'ppo', 'decoupled_ppo', 'tis', 'cispo', 'topr' or 'gspo' (got 'ppoo'); "
                      "did you mean 'ppo'?"]
     line = _load(tmp_path, "env:\n  name: frozenlak\n").splitlines()[1]  # other tests may register more names
     assert line.startswith("  env.name: unknown environment 'frozenlak'; expected one of ['frozenlake', 'sokoban', ")

@@ -21,9 +21,10 @@ def _own_registries(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_every_builtin_loss_has_a_function_and_defaults_from_its_class() -> None:
-    assert list(BUILTIN_LOSSES) == ["ppo", "decoupled_ppo", "tis", "cispo", "topr"] == registered_losses()
+    assert list(BUILTIN_LOSSES) == ["ppo", "decoupled_ppo", "tis", "cispo", "topr", "gspo"] == registered_losses()
     x = torch.zeros(1, 2)
-    inputs = LossInputs(logp=x, prox=x, behav=x, adv=torch.ones(1, 2), positive=torch.zeros(1, 2, dtype=torch.bool))
+    inputs = LossInputs(logp=x, prox=x, behav=x, adv=torch.ones(1, 2), positive=torch.zeros(1, 2, dtype=torch.bool),
+                        mask=torch.ones(1, 2, dtype=torch.bool))
     for name, cls in BUILTIN_LOSSES.items():
         cfg = TrainingConfig(loss=name)
         assert cfg.loss_params == cls(), name

@@ -51,3 +51,5 @@ def test_the_alone_parts_measure_the_shipped_jobs_own_trainer_and_engine_setting
 def test_a_trainer_setting_the_alone_part_cannot_run_is_named() -> None:
     with pytest.raises(SystemExit, match="training.matmul_dtype bfloat16, micro_batch_tokens 2048"):
         job_settings(str(ROOT / "configs/real.yaml"), ["training.matmul_dtype=bfloat16"])
+    with pytest.raises(SystemExit, match="training.mini_batches 2 x training.epochs 1 optimizer steps"):
+        job_settings(str(ROOT / "configs/real.yaml"), ["training.mini_batches=2"])

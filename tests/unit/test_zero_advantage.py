@@ -44,7 +44,7 @@ def test_builtin_loss_is_zero_with_zero_gradient_at_zero_advantage(name: str) ->
     logp = (-torch.rand(2, 5) * 3).requires_grad_()
     behav = logp.detach() + 0.3 * torch.randn(2, 5)  # off-policy, so importance weights and clipping are live
     inputs = LossInputs(logp=logp, prox=logp.detach() - 0.2, behav=behav, adv=torch.zeros(2, 5),
-                        positive=torch.tensor([[True] * 5, [False] * 5]))
+                        positive=torch.tensor([[True] * 5, [False] * 5]), mask=torch.ones(2, 5, dtype=torch.bool))
     loss = token_loss_of(loss_params_class(name)(), inputs).loss
     assert torch.equal(loss, torch.zeros_like(loss))
     loss.sum().backward()

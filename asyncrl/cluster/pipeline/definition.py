@@ -160,7 +160,7 @@ def asyncrl_pipeline(
         config_yaml: A whole run configuration as YAML text (e.g. configs/agentic.yaml); empty: the defaults.
         model_path: Config model.path: a model folder or s3:// URI of a Hugging Face folder; empty: as configured.
         env_name: Config env.name: an agentic environment (frozenlake, sokoban, tool_use, remote); empty: as configured.
-        loss: Config training.loss (ppo, decoupled_ppo, tis, cispo, topr); empty: as configured.
+        loss: Config training.loss (ppo, decoupled_ppo, tis, cispo, topr, gspo); empty: as configured.
         async_ratio: Config rollout.async_ratio, steps generation may run ahead of training; empty: as configured.
         steps: Config training.steps, the number of training steps; empty: as configured.
         prompts_per_step: Config rollout.prompts_per_step; empty: as configured.
