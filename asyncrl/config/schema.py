@@ -769,6 +769,12 @@ class RunConfig(_Section):
             )
         return self
 
+    @property
+    def eval_request_timeout_s(self) -> float:
+        """One held-out evaluation request's deadline: it waits for its whole answer, like a rollout request, so at
+        least `rollout.request_timeout_s`, and at least one HTTP exchange (`timeouts.http_s`)."""
+        return max(self.timeouts.http_s, self.rollout.request_timeout_s)
+
     @staticmethod
     def _check_env(env: EnvConfig) -> None:
         """The environment exists and takes these parameters (it is constructed once to check; an import path is

@@ -73,9 +73,7 @@ class PeriodicEval:
 
     async def evaluate_once(self) -> dict[str, Any]:
         cfg, tag = self.cfg, f"periodic-eval-{self.points}"
-        # an eval request waits for its whole answer, like a rollout request: long answers on a busy engine take
-        # longer than one HTTP exchange (timeouts.http_s)
-        deadline = max(cfg.timeouts.http_s, cfg.rollout.request_timeout_s)
+        deadline = cfg.eval_request_timeout_s  # long answers on a busy engine take longer than one HTTP exchange
         if cfg.env is not None:
             return await evaluate_agentic(self.server_urls, cfg, self.tokenizer, timeout_s=deadline, tag=tag)
         prompt = prompt_format(cfg, self.tokenizer)  # the prompts as the rollout sends them, ended by every end id

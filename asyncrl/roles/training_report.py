@@ -46,8 +46,14 @@ log = logging.getLogger(__name__)
 # MLflow gets the steps at most once a second, several per call: one database commit per call, not per step (a
 # commit per step cost ~10 % of a core on a 2-core machine at ~2 steps/s). The last step is logged at once.
 REPORT_EVERY_S = 1.0
-FINAL_EVAL_GRACE_S = 10.0  # beyond the evaluation's own request deadline (timeouts.http_s): the writer's polls
+FINAL_EVAL_GRACE_S = 10.0  # beyond the evaluation's own request deadline: the writer's polls
 FINAL_EVAL_POLL_S = 0.2
+
+
+def final_eval_wait_s(cfg: Any) -> float:
+    """How long the trainer waits for the final version's evaluation point: one evaluation's request deadline
+    (`RunConfig.eval_request_timeout_s`: its answers may be as long as a rollout's) and a few polls of the writer."""
+    return float(cfg.eval_request_timeout_s) + FINAL_EVAL_GRACE_S
 
 
 class Counters:
@@ -317,12 +323,13 @@ class TrainingReport:
         `done` marker, which stops the servers of a cluster run, comes after it. False if it did not come."""
         if not self.cfg.eval.every_steps:
             return True
-        deadline = time.monotonic() + self.cfg.timeouts.http_s + FINAL_EVAL_GRACE_S
+        wait_s = final_eval_wait_s(self.cfg)
+        deadline = time.monotonic() + wait_s
         key = eval_key(self.ctx.paths, version)
         while not self.ctx.store.exists(key):
             if time.monotonic() > deadline:
                 log.warning("the evaluation point of the final version %d did not come within %.0f s; the run ends "
-                            "without it", version, self.cfg.timeouts.http_s + FINAL_EVAL_GRACE_S)
+                            "without it", version, wait_s)
                 return False
             time.sleep(FINAL_EVAL_POLL_S)
         return True
