@@ -107,3 +107,24 @@ def test_pushes_the_server_cannot_load_are_refused_at_the_join(lora_server: tupl
     with pytest.raises(WeightSyncError, match="merges them at scale 2.0"):
         other.connect()
     other.shutdown()
+
+
+def test_a_server_started_from_a_checkpoints_adapter_serves_it(lora_server: tuple[ServerProcess, Path],
+                                                              trainer: torch.nn.Module, tmp_path: Path) -> None:
+    """A generation server restarted mid-run (`--lora-adapter`, a checkpoint's adapter) serves base + that adapter
+    before any push, as the trainer computes it."""
+    from safetensors.torch import save_file
+
+    _, model_dir = lora_server
+    adapter = _random_adapter(trainer, seed=3)
+    save_file({n: t.contiguous() for n, t in adapter}, str(tmp_path / "adapter.safetensors"))
+    with tempfile.TemporaryDirectory(prefix="asyncrl-lora-r-") as work:  # short: vLLM's IPC socket paths
+        server = start_server(model_dir, Path(work), max_model_len=MAX_LEN,
+                              extra_args=("--lora-scale", str(LORA.scale), "--lora-adapter",
+                                          str(tmp_path / "adapter.safetensors")))
+        try:
+            out = _generate(server.url, "from-checkpoint")
+            hf = _hf_logprobs(trainer, out["token_ids"])
+            assert max(abs(a - b) for a, b in zip(hf, out["logprobs"], strict=True)) < 1e-4
+        finally:
+            server.stop()
