@@ -20,8 +20,8 @@ CASES = [
     ("training:\n  lrr: 0.1\n", "run", "training.lrr: unknown field; did you mean 'training.lr'?"),
     ("training:\n  micro_batch_size: 7\n", "run",
      "training.micro_batch_size: expected a divisor of the batch of 64 samples, got 7"),
-    ("training:\n  loss: ppoo\n", "validate", "training.loss: Input should be 'ppo', 'decoupled_ppo', 'tis', 'cispo' "
-     "or 'topr' (got 'ppoo'); did you mean 'ppo'?"),
+    ("training:\n  loss: ppoo\n", "validate", "training.loss: Input should be 'ppo', 'decoupled_ppo', 'tis', 'cispo', "
+     "'topr' or 'gspo' (got 'ppoo'); did you mean 'ppo'?"),
     ("env:\n  name: nope\n", "run", "env.name: unknown environment 'nope'; expected one of ['frozenlake', "
      "'sokoban', 'tool_use', 'remote']"),
 ]
