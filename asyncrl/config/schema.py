@@ -505,9 +505,6 @@ class TrainingConfig(_Section):
     epochs: int = Field(1, ge=1, le=16, description="Passes over a step's batch, each of mini_batches "
                         "optimizer steps (the same mini-batches every pass): mini_batches x epochs updates "
                         "per step.")
-    epochs: int = Field(1, ge=1, le=16, description="Passes over a step's batch, each of mini_batches "
-                        "optimizer steps (the same mini-batches every pass): mini_batches x epochs updates "
-                        "per step.")
     gradient_checkpointing: bool = Field(False, description="Recompute each layer's activations in the backward "
                                          "pass instead of keeping them (Hugging Face gradient checkpointing; policy "
                                          "and critics): far less activation memory for long answers, for about one "

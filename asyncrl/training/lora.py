@@ -20,10 +20,12 @@ from asyncrl.config.schema import LoraConfig
 __all__ = ["adapter_params", "check_targets", "inject", "target_linears"]
 
 
-def target_linears(model: torch.nn.Module, targets: list[str]) -> dict[str, torch.nn.Linear]:
-    """The model's `nn.Linear` modules inside its decoder layers whose last name part is in `targets`, by name."""
+def target_linears(model: torch.nn.Module, targets: list[str] | None = None) -> dict[str, torch.nn.Linear]:
+    """The model's `nn.Linear` modules inside its decoder layers whose last name part is in `targets` (None: all of
+    them), by name."""
     return {name: m for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and ".layers." in f".{name}" and name.rsplit(".", 1)[-1] in targets}
+            if isinstance(m, torch.nn.Linear) and ".layers." in f".{name}"
+            and (targets is None or name.rsplit(".", 1)[-1] in targets)}
 
 
 def check_targets(model: torch.nn.Module, cfg: LoraConfig) -> None:
@@ -33,7 +35,7 @@ def check_targets(model: torch.nn.Module, cfg: LoraConfig) -> None:
     names = {n.rsplit(".", 1)[-1] for n in found}
     missing = [t for t in cfg.target_modules if t not in names]
     if missing:
-        linears = sorted({n.rsplit(".", 1)[-1] for n in target_linears(model, _all_leaf_names(model))})
+        linears = sorted({n.rsplit(".", 1)[-1] for n in target_linears(model)})
         raise ValueError(f"training.lora.target_modules: {missing} name no linear layer of the model's decoder "
                          f"layers; it has {linears}")
     for name, m in found.items():
@@ -41,10 +43,6 @@ def check_targets(model: torch.nn.Module, cfg: LoraConfig) -> None:
         if cfg.rank > smaller:
             raise ValueError(f"training.lora.rank: {cfg.rank} is above the smaller dimension ({smaller}) of {name} "
                              f"({m.out_features} x {m.in_features}); expected at most {smaller}")
-
-
-def _all_leaf_names(model: torch.nn.Module) -> list[str]:
-    return [n.rsplit(".", 1)[-1] for n, _ in model.named_modules() if n]
 
 
 def inject(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
