@@ -55,7 +55,7 @@ unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 test: $(STAMP) lint
-	$(PY) -m pytest -q -rs --durations=20 tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs --durations=40 tests $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/async_vs_sync.py

@@ -83,6 +83,9 @@ def _launch(model_dir: Path, work_dir: Path, max_model_len: int, token: str | No
         "--log-level", "WARNING", *extra_args,
     ]
     env = {k: v for k, v in os.environ.items() if k != "ASYNCRL_ROLE_TOKEN"}
+    # vLLM caches what it learns of a model class (`modelinfos`) under its cache root: one shared root spares each
+    # server the subprocess that imports vLLM again to inspect the class (the launcher does the same for runs)
+    env.setdefault("VLLM_CACHE_ROOT", str(REPO / ".cache" / "asyncrl" / "vllm"))
     if token is None:
         cmd.append("--insecure-no-token")
     else:
