@@ -68,8 +68,8 @@ def launch(spec: dict[str, Any], runs_dir: Path) -> subprocess.Popen[bytes] | No
     for o in spec["overrides"]:
         cmd += ["--set", o]
     print(f"[alpha_correction] starting {spec['name']}: {' '.join(spec['overrides'])}", flush=True)
-    log = open(folder / "launcher.log", "wb")  # noqa: SIM115 (closed with the process)
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    with open(folder / "launcher.log", "wb") as log:  # the child writes to its own copy of the descriptor
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
 def run_all(specs: list[dict[str, Any]], runs_dir: Path, parallel: int) -> None:
