@@ -67,7 +67,7 @@ def launch(spec: dict[str, Any], runs_dir: Path) -> subprocess.Popen[bytes] | No
            "--set", f"runs_dir={folder}", "--set", f"run_id={spec['name']}"]
     for o in spec["overrides"]:
         cmd += ["--set", o]
-    print(f"[alpha_correction] starting {spec['name']}: {' '.join(spec['overrides'])}", flush=True)
+    print(f"[real job] starting {spec['name']}: {' '.join(spec['overrides'])}", flush=True)
     with open(folder / "launcher.log", "wb") as log:  # the child writes to its own copy of the descriptor
         return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
@@ -126,7 +126,7 @@ def collect(specs: list[dict[str, Any]], runs_dir: Path) -> dict[str, Any]:
             continue
         s = json.loads(summary_path.read_text())
         series = mlflow_series(folder, spec["name"])
-        gaps = [g for g in series.get("train/gap_abs", [])[1:]]  # step 1 trains on version-0 samples only
+        gaps = series.get("train/gap_abs", [])[1:]  # step 1 trains on version-0 samples only
         runs[spec["name"]] = {
             "label": spec["label"], "seed": spec["seed"], "overrides": spec["overrides"],
             "eval_curve": {int(k): v for k, v in s["eval_curve"].items()}, "wall_min": round(s["wall_s"] / 60, 1),

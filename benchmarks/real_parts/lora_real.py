@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from alpha_correction import launch  # noqa: E402  (the same real-job launcher, one run at a time here)
 
 
 def run_name(rank: int, alpha: int, lr: float, seed: int) -> str:
@@ -38,20 +39,11 @@ def lora_overrides(rank: int, alpha: int, lr: float, seed: int) -> list[str]:
 
 
 def run_one(name: str, overrides: list[str], runs_dir: Path) -> Path:
-    """The run folder of `name`, made first unless its summary exists."""
-    folder = runs_dir / name / name
-    if (folder / "run_summary.json").exists():
-        return folder
-    (runs_dir / name).mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "asyncrl.cli", "run", str(ROOT / "configs/real.yaml"),
-           "--set", f"runs_dir={runs_dir / name}", "--set", f"run_id={name}"]
-    for o in overrides:
-        cmd += ["--set", o]
-    print(f"[lora_real] running {name}: {' '.join(overrides)}", flush=True)
-    with open(runs_dir / name / "launcher.log", "wb") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
-    print(f"[lora_real] {name} exited with {rc}", flush=True)
-    return folder
+    """The run folder of `name`, made first (alpha_correction's launcher, waited for) unless its summary exists."""
+    proc = launch({"name": name, "overrides": overrides}, runs_dir)
+    if proc is not None:
+        print(f"[lora_real] {name} exited with {proc.wait()}", flush=True)
+    return runs_dir / name / name
 
 
 def figures(folder: Path) -> dict[str, Any]:
