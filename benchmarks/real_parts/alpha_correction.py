@@ -116,13 +116,21 @@ def interpolate(curve: dict[int, float], version: int) -> float:
     raise AssertionError("unreachable")
 
 
-def collect(specs: list[dict[str, Any]], runs_dir: Path) -> dict[str, Any]:
+def collect(specs: list[dict[str, Any]], runs_dir: Path, previous: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Each run's figures from its folder; a run whose folder is gone is taken from `previous` (an earlier output of
+    this script) when it is there without an error, and marked `"from": "previous"`."""
     runs = {}
+    earlier = (previous or {}).get("runs", {})
     for spec in specs:
         folder = runs_dir / spec["name"]
         summary_path = folder / spec["name"] / "run_summary.json"
         if not summary_path.exists():
-            runs[spec["name"]] = {"label": spec["label"], "seed": spec["seed"], "error": "no run_summary.json"}
+            old = earlier.get(spec["name"])
+            if old is not None and "error" not in old:
+                runs[spec["name"]] = {**old, "eval_curve": {int(k): v for k, v in old["eval_curve"].items()},
+                                      "from": "previous"}
+            else:
+                runs[spec["name"]] = {"label": spec["label"], "seed": spec["seed"], "error": "no run_summary.json"}
             continue
         s = json.loads(summary_path.read_text())
         series = mlflow_series(folder, spec["name"])
@@ -163,7 +171,7 @@ def report(result: dict[str, Any]) -> None:
             continue
         curve = "  ".join(f"v{k}: {v:.3f}" for k, v in sorted(r["eval_curve"].items()))
         print(f"{name:<19} {r['label']:<8} {curve:<46} {r['wall_min']:5.1f}m  {r['staleness_mean']:.2f}"
-              f"       {r['gap_abs_mean']}")
+              f"       {r['gap_abs_mean']}{'  (from --previous)' if r.get('from') == 'previous' else ''}")
     for v in result["verdicts"]:
         where = "within" if v["within"] else ("above" if v["within_or_above"] else "BELOW")
         print(f"{v['run']} v{v['version']}: {v['accuracy']:.3f} against sync [{v['sync_lo']:.3f}, "
@@ -181,7 +189,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--collect-only", action="store_true", help="read back the runs there, start none")
     p.add_argument("--names", type=json.loads, default=None,
                    help='JSON map from the default run names to the folders used instead (runs made by hand)')
+    p.add_argument("--previous", type=Path, default=None,
+                   help="an earlier output of this script: runs whose folders are gone are read from it")
     a = p.parse_args(argv)
+    previous = json.loads(a.previous.read_text()) if a.previous else None
     specs = run_specs(a)
     if a.names:
         for s in specs:
@@ -189,7 +200,8 @@ def main(argv: list[str] | None = None) -> None:
     if not a.collect_only:
         run_all(specs, a.runs_dir, a.parallel)
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "alpha": a.alpha,
-              "correction": CORRECTIONS[a.correction], "config": "configs/real.yaml", **collect(specs, a.runs_dir)}
+              "correction": CORRECTIONS[a.correction], "config": "configs/real.yaml",
+              **collect(specs, a.runs_dir, previous)}
     report(result)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -5,13 +5,15 @@ Runs (or reads back) `configs/real.yaml` with `training.lora` (rank, alpha) and 
 alone on the machine (the criterion counts wall time), each into `<runs-dir>/<name>` (a run whose `run_summary.json`
 exists is read back, not run again). The full fine-tune's runs are read from the folders given by `--full` (the run
 folders holding `run_summary.json`: `make bench-real`'s and `asyncrl run configs/real.yaml --set training.seed=1
---set generation.seed=1`'s, for instance).
+--set generation.seed=1`'s, for instance), or from a JSON file of runs measured earlier whose folders are gone
+(benchmarks/results/real_full_finetune_seeds.json: the two seeds of 2026-12-06).
 
 Per run: the held-out curve, the gain (last point less the first), the wall time. The verdict for each LoRA run:
 its gain at least the smallest of the full fine-tune's gains (within the spread or better), and its wall time at most
 `--budget-min` (30).
 
-`python benchmarks/real_parts/lora_real.py --runs-dir /work/exp/lora_lr --lr 5e-4 --full RUN0 RUN1 --out
+`python benchmarks/real_parts/lora_real.py --runs-dir /work/exp/lora_lr --lr 5e-4 --full
+benchmarks/results/real_full_finetune_seeds.json --out
 benchmarks/results/real_lora_vs_full.json` (about 25 min a LoRA run on 2 cores).
 """
 
@@ -51,14 +53,31 @@ def figures(folder: Path) -> dict[str, Any]:
     path = folder / "run_summary.json"
     if not path.exists():
         return {"folder": str(folder), "error": "no run_summary.json"}
-    s = json.loads(path.read_text())
+    return {"folder": str(folder), **summary_figures(json.loads(path.read_text()))}
+
+
+def summary_figures(s: dict[str, Any]) -> dict[str, Any]:
+    """Curve, gain and wall time from a run summary's `eval_curve`, `final_version` and `wall_s`."""
     curve = {int(k): v for k, v in s["eval_curve"].items()}
-    out: dict[str, Any] = {"folder": str(folder), "eval_curve": curve, "wall_min": round(s["wall_s"] / 60, 1),
+    out: dict[str, Any] = {"eval_curve": curve, "wall_min": round(s["wall_s"] / 60, 1),
                            "final_version": s["final_version"]}
     if s["final_version"] not in curve:
         out["error"] = f"no evaluation point at the final version {s['final_version']}"
     else:
         out["gain"] = round(curve[s["final_version"]] - curve[min(curve)], 4)
+    return out
+
+
+def full_runs(paths: list[Path]) -> dict[str, dict[str, Any]]:
+    """The full fine-tune's figures: a run folder each, or a JSON file of runs measured earlier whose folders are
+    gone (`{"runs": {name: {"eval_curve", "final_version", "wall_s", "source"}}}`), each marked with its file."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        if path.suffix != ".json":
+            out[str(path)] = figures(path)
+            continue
+        for name, s in json.loads(path.read_text())["runs"].items():
+            out[name] = {"recorded_in": str(path), "source": s.get("source", ""), **summary_figures(s)}
     return out
 
 
@@ -81,7 +100,8 @@ def verdicts(lora: dict[str, dict[str, Any]], full: dict[str, dict[str, Any]], b
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs-dir", type=Path, required=True)
-    p.add_argument("--full", type=Path, nargs="+", required=True, help="the full fine-tune's run folders")
+    p.add_argument("--full", type=Path, nargs="+", required=True,
+                   help="the full fine-tune's run folders, or a JSON file of its runs measured earlier")
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--alpha", type=int, default=16)
@@ -97,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
         if not a.collect_only:
             folder = run_one(name, lora_overrides(a.rank, a.alpha, a.lr, seed), a.runs_dir)
         lora[name] = figures(folder)
-    full = {str(f): figures(f) for f in a.full}
+    full = full_runs(a.full)
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "config": "configs/real.yaml",
               "lora": {"rank": a.rank, "alpha": a.alpha, "lr": a.lr}, "full_fine_tune": full, "lora_runs": lora,
               "verdict": verdicts(lora, full, a.budget_min)}

@@ -7,7 +7,7 @@ from argparse import Namespace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "real_parts"))
-from alpha_correction import compare_to_sync, interpolate, run_specs  # noqa: E402
+from alpha_correction import collect, compare_to_sync, interpolate, run_specs  # noqa: E402
 
 
 def test_interpolation_is_linear_between_points_and_held_at_the_ends() -> None:
@@ -40,3 +40,14 @@ def test_the_alpha_runs_train_with_ppo_and_the_correction_alone() -> None:
                                      'training.seq_correction={"level": "sequence", "mode": "truncate"}',
                                      "training.seed=0", "generation.seed=0"]
     assert specs[2]["overrides"] == ["rollout.mode=sync", "training.seed=1", "generation.seed=1"]
+
+
+def test_a_run_whose_folder_is_gone_is_read_from_the_previous_output_and_marked(tmp_path: Path) -> None:
+    specs = [{"name": "sync_s0", "label": "sync", "seed": 0, "overrides": []},
+             {"name": "a2_s0", "label": "alpha2", "seed": 0, "overrides": []}]
+    previous = {"runs": {"sync_s0": {"label": "sync", "seed": 0, "eval_curve": {"0": 0.35, "20": 0.75}},
+                         "a2_s0": {"label": "alpha2", "seed": 0, "error": "no run_summary.json"}}}
+    got = collect(specs, tmp_path, previous)["runs"]
+    assert got["sync_s0"]["eval_curve"] == {0: 0.35, 20: 0.75} and got["sync_s0"]["from"] == "previous"
+    assert got["a2_s0"]["error"] == "no run_summary.json"  # an earlier error is not a result
+    assert collect(specs, tmp_path)["runs"]["sync_s0"]["error"] == "no run_summary.json"

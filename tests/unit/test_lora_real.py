@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "real_parts"))
-from lora_real import figures, lora_overrides, run_name, verdicts  # noqa: E402
+from lora_real import figures, full_runs, lora_overrides, run_name, verdicts  # noqa: E402
 
 
 def _summary(folder: Path, curve: dict[str, float], final: int, wall_s: float) -> Path:
@@ -40,3 +40,14 @@ def test_the_runs_are_named_and_set_by_their_lora_settings() -> None:
     assert run_name(8, 16, 5e-4, 1) == "lora_r8a16_lr0.0005_s1"
     assert lora_overrides(8, 16, 5e-4, 1) == ['training.lora={"rank": 8, "alpha": 16}', "training.lr=0.0005",
                                               "training.seed=1", "generation.seed=1"]
+
+
+def test_full_runs_come_from_folders_or_from_a_file_of_runs_measured_earlier(tmp_path: Path) -> None:
+    folder = _summary(tmp_path / "f0", {"0": 0.35, "20": 0.715}, 20, 1122.0)
+    recorded = tmp_path / "recorded.json"
+    recorded.write_text(json.dumps({"runs": {"seed1": {"eval_curve": {"0": 0.35, "11": 0.575, "20": 0.675},
+                                                       "final_version": 20, "wall_s": 1566.0, "source": "docs"}}}))
+    got = full_runs([folder, recorded])
+    assert got[str(folder)]["gain"] == 0.365
+    assert (got["seed1"]["gain"], got["seed1"]["wall_min"], got["seed1"]["recorded_in"]) == (0.325, 26.1,
+                                                                                             str(recorded))
