@@ -7,9 +7,9 @@ Runs (or reads back) `configs/real.yaml` four ways, each with two seeds by defau
   optimizer step per batch, ppo's own ratio is 1 (docs/algorithms.md §3 and §8).
 
 Each run goes to `<runs-dir>/<name>` (a run whose `run_summary.json` exists is read back, not run again, so a
-stopped benchmark resumes). Runs are sequential unless `--parallel 2` (two at a time: a run's curve is counted in
-versions, not seconds, so sharing the cores changes its wall time, not what it learns; the real job needs ~10 GB, so
-two at most on 24 GiB).
+stopped benchmark resumes; so is a run that `--previous`, an earlier output of this script, holds). Runs are
+sequential unless `--parallel 2` (two at a time: a run's curve is counted in versions, not seconds, so sharing the
+cores changes its wall time, not what it learns; the real job needs ~10 GB, so two at most on 24 GiB).
 
 What it reports, per run: the held-out greedy accuracy at each evaluation point (200 problems; the versions at which
 the run evaluated), its wall time and mean staleness; from MLflow, the engine-trainer log-prob gap per step
@@ -70,6 +70,12 @@ def launch(spec: dict[str, Any], runs_dir: Path) -> subprocess.Popen[bytes] | No
     print(f"[real job] starting {spec['name']}: {' '.join(spec['overrides'])}", flush=True)
     with open(folder / "launcher.log", "wb") as log:  # the child writes to its own copy of the descriptor
         return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+
+def still_to_make(specs: list[dict[str, Any]], previous: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The runs that `previous` (an earlier output) does not hold with a result: those are not made again."""
+    done = {name for name, r in (previous or {}).get("runs", {}).items() if "error" not in r}
+    return [s for s in specs if s["name"] not in done]
 
 
 def run_all(specs: list[dict[str, Any]], runs_dir: Path, parallel: int) -> None:
@@ -198,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         for s in specs:
             s["name"] = a.names.get(s["name"], s["name"])
     if not a.collect_only:
-        run_all(specs, a.runs_dir, a.parallel)
+        run_all(still_to_make(specs, previous), a.runs_dir, a.parallel)
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "alpha": a.alpha,
               "correction": CORRECTIONS[a.correction], "config": "configs/real.yaml",
               **collect(specs, a.runs_dir, previous)}

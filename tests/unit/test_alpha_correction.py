@@ -7,7 +7,7 @@ from argparse import Namespace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "real_parts"))
-from alpha_correction import collect, compare_to_sync, interpolate, run_specs  # noqa: E402
+from alpha_correction import collect, compare_to_sync, interpolate, run_specs, still_to_make  # noqa: E402
 
 
 def test_interpolation_is_linear_between_points_and_held_at_the_ends() -> None:
@@ -51,3 +51,5 @@ def test_a_run_whose_folder_is_gone_is_read_from_the_previous_output_and_marked(
     assert got["sync_s0"]["eval_curve"] == {0: 0.35, 20: 0.75} and got["sync_s0"]["from"] == "previous"
     assert got["a2_s0"]["error"] == "no run_summary.json"  # an earlier error is not a result
     assert collect(specs, tmp_path)["runs"]["sync_s0"]["error"] == "no run_summary.json"
+    assert [s["name"] for s in still_to_make(specs, previous)] == ["a2_s0"]  # made again: it had no result
+    assert still_to_make(specs, None) == specs
