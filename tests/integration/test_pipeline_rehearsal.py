@@ -9,15 +9,20 @@ from pathlib import Path
 import mlflow
 import psutil
 import pytest
+import torch
+from safetensors.torch import load_file
 
+from asyncrl.adapters.safetensors_folder import read_folder_tensors
 from asyncrl.cluster.pipeline_cli import DEFAULT_YAML
 from asyncrl.cluster.rehearsal_runner import RehearsalFailed, rehearse
+from asyncrl.models.lora_export import merge_checkpoint, read_description
 from asyncrl.tracking.child_runs import child_runs
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 2
 ROLES = ["environment-env0", "generation-0", "reward", "training"]
+LORA = '{"rank": 4, "alpha": 8}'
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +36,19 @@ def rehearsal(tmp_path_factory):
         # replicas is checked in tests/unit/test_rehearsal.py, several ranks in test_multirank_training.py and the
         # fault suite; each more would cost CI most of a minute)
         "generation_replica_ids": ["0"], "training_gpus": 1,
+        # LoRA adapters (issue 38): the cluster path serves, pushes, checkpoints and registers them; the full-weight
+        # path is the one of every other embedded run
         "overrides": [f"cache_dir={ROOT / '.cache' / 'asyncrl'}", "generation.max_model_len=32",
-                      "training.micro_batch_size=16", "training.checkpoint_every=2"],
+                      "training.micro_batch_size=16", "training.checkpoint_every=2", f"training.lora={LORA}"],
     }
 
     def inspect(store, paths):
-        return {"config": store.get_json(paths.config()), "tracking": store.get_json(paths.tracking()),
+        ckpt = work / "checkpoint"  # the registered checkpoint's files, read while the S3 server is up
+        ckpt.mkdir()
+        for key in store.list_keys(paths.checkpoint_prefix(STEPS)):
+            (ckpt / key.rsplit("/", 1)[-1]).write_bytes(store.get_bytes(key))
+        return {"checkpoint": ckpt, "config": store.get_json(paths.config()),
+                "tracking": store.get_json(paths.tracking()),
                 "generation": [store.get_json(paths.rendezvous("generation", "0"))],
                 "latest": store.get_json(paths.versions_latest()), "done": store.exists(paths.done()),
                 "final": store.get_json(paths.file("final_status.json")),
@@ -69,6 +81,28 @@ def test_s3_holds_config_rendezvous_versions_done_and_final_status(rehearsal):
     summary = s3["summary"]  # finalize writes the training summary `asyncrl run` reports (asyncrl.run.summary)
     assert summary["status"] == "SUCCEEDED" and summary["final_version"] == STEPS and summary["samples_trained"] > 0
     assert summary["groups_written"] == summary["groups_consumed"] + summary["groups_left_unconsumed"]
+
+
+def test_the_registered_model_is_the_adapters_with_their_base_and_merges(rehearsal, tmp_path):
+    """With training.lora the registered version's checkpoint holds only the adapters and the description naming
+    their base; `asyncrl model merge`'s function turns it into a plain model folder whose adapted layers moved."""
+    result, db = rehearsal
+    ckpt = result.inspection["checkpoint"]
+    registered = result.inspection["final"]["registered_model"]
+    version = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}").get_model_version(registered["name"],
+                                                                                    registered["version"])
+    assert version.source == registered["checkpoint_uri"] and registered["checkpoint_version"] == STEPS
+    doc = read_description(ckpt)
+    assert (doc["rank"], doc["alpha"], doc["scale"]) == (4, 8, 2.0)
+    adapters = load_file(str(ckpt / "model.safetensors"))
+    assert adapters and all(n.endswith((".lora_A", ".lora_B")) for n in adapters)
+    assert any(float(t.abs().max()) > 0 for n, t in adapters.items() if n.endswith(".lora_B"))  # B moved from 0
+    out = merge_checkpoint(ckpt, tmp_path / "merged")
+    base = dict(read_folder_tensors(Path(out["base"])))
+    merged = load_file(str(tmp_path / "merged" / "model.safetensors"))
+    assert out["layers"] == len(adapters) // 2 and merged.keys() == base.keys()
+    moved = {n for n in merged if not torch.equal(merged[n], base[n])}
+    assert moved and all(n.removesuffix(".weight") + ".lora_A" in adapters for n in moved)
 
 
 def test_mlflow_run_has_the_kfp_run_id_and_step_metrics(rehearsal):
