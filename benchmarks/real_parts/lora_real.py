@@ -12,9 +12,9 @@ Per run: the held-out curve, the gain (last point less the first), the wall time
 its gain at least the smallest of the full fine-tune's gains (within the spread or better), and its wall time at most
 `--budget-min` (30).
 
-`python benchmarks/real_parts/lora_real.py --runs-dir /work/exp/lora_lr --lr 5e-4 --full
+`python benchmarks/real_parts/lora_real.py --runs-dir /work/exp/lora --lr 4e-4 --full
 benchmarks/results/real_full_finetune_seeds.json --out
-benchmarks/results/real_lora_vs_full.json` (about 25 min a LoRA run on 2 cores).
+benchmarks/results/real_lora_vs_full.json` (10-25 min a LoRA run on 2 cores, by host: docs/results.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Rehearsal of the committed Kubeflow pipeline: the compiled tasks' exact commands (setup, a generation replica,
 training under its launcher, reward, environment, then finalize through kfp's executor) run as local processes
-against an embedded S3 server, for two training steps with the built-in tiny model. Proves the commands, their
-arguments, the secret/config-map/POD_IP env and the S3 rendezvous work without a cluster; every role exits by
-itself once the run is done, and no process is left."""
+against an embedded S3 server, for two training steps with the built-in tiny model and LoRA adapters. Proves the
+commands, their arguments, the secret/config-map/POD_IP env and the S3 rendezvous work without a cluster; the
+registered model is the adapters and their description, and merges onto its base; every role exits by itself once
+the run is done, and no process is left."""
 
 from pathlib import Path
 
