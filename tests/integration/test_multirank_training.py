@@ -132,12 +132,14 @@ def test_two_ranks_equal_one_rank(stage, tokens, mini, model_dir, tmp_path):
         torch.testing.assert_close(s2[k], s1[k], rtol=1e-5, atol=1e-7, msg=lambda m, k=k: f"{k}: {m}")
     # The weights agree to 1e-6 wherever the gradient is above float noise. Adam's first step is lr·g/(|g| + ε),
     # about lr·sign(g): where the exact gradient is 0 (the key bias, softmax-invariant) or ~ε, summation-order noise
-    # of ~1e-9 flips the sign, in any two runs that sum in a different order.
+    # of ~1e-9 flips the sign, in any two runs that sum in a different order. Each further optimizer step (mini-batches)
+    # adds its own step of that noise: 1e-6 a step (one weight of 32,628 moved 1.18e-6 after two steps on an AMX host).
     compared = changed = total = 0
     for k in (k for k in s1 if k.startswith("w.")):
         g = s1["o.exp_avg." + k[2:]].reshape(s1[k].shape)
         signal = g.abs() >= 1e-6
-        torch.testing.assert_close(s2[k][signal], s1[k][signal], rtol=0, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
+        torch.testing.assert_close(s2[k][signal], s1[k][signal], rtol=0, atol=1e-6 * mini,
+                                   msg=lambda m, k=k: f"{k}: {m}")
         compared, total = compared + int(signal.sum()), total + signal.numel()
         changed += int((s1[k] != start[k[2:]]).sum())
     assert compared > 0.97 * total and changed > 0.97 * total
