@@ -72,9 +72,14 @@ def launch(spec: dict[str, Any], runs_dir: Path) -> subprocess.Popen[bytes] | No
         return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
+def earlier_results(previous: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """The runs of `previous` (an earlier output of this script) that hold a result, by name; an error is none."""
+    return {name: r for name, r in (previous or {}).get("runs", {}).items() if "error" not in r}
+
+
 def still_to_make(specs: list[dict[str, Any]], previous: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The runs that `previous` (an earlier output) does not hold with a result: those are not made again."""
-    done = {name for name, r in (previous or {}).get("runs", {}).items() if "error" not in r}
+    """The runs that `previous` does not hold with a result: those are not made again."""
+    done = earlier_results(previous)
     return [s for s in specs if s["name"] not in done]
 
 
@@ -126,13 +131,13 @@ def collect(specs: list[dict[str, Any]], runs_dir: Path, previous: dict[str, Any
     """Each run's figures from its folder; a run whose folder is gone is taken from `previous` (an earlier output of
     this script) when it is there without an error, and marked `"from": "previous"`."""
     runs = {}
-    earlier = (previous or {}).get("runs", {})
+    earlier = earlier_results(previous)
     for spec in specs:
         folder = runs_dir / spec["name"]
         summary_path = folder / spec["name"] / "run_summary.json"
         if not summary_path.exists():
             old = earlier.get(spec["name"])
-            if old is not None and "error" not in old:
+            if old is not None:
                 runs[spec["name"]] = {**old, "eval_curve": {int(k): v for k, v in old["eval_curve"].items()},
                                       "from": "previous"}
             else:

@@ -17,6 +17,7 @@ import httpx
 import pytest
 import torch
 
+from asyncrl.training.mixed_precision import cpu_has_native_bf16
 from asyncrl.weights.buckets import checksums_match, plan_buckets, weights_checksum, wire_tensors
 from asyncrl.weights.sync import WeightSender, WeightSyncError, send_weights
 from tests.helpers.generation_server import (
@@ -417,8 +418,7 @@ def test_a_receive_that_fails_leaves_the_server_serving_its_version(
 
 def _vllm_bf16_worker_died(log: Path) -> bool:
     """vLLM's own crash on this host, not ours: an AMX CPU, and the engine's worker process died."""
-    cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return "amx_bf16" in cpu and "died unexpectedly" in (log.read_text() if log.exists() else "")
+    return cpu_has_native_bf16() and "died unexpectedly" in (log.read_text() if log.exists() else "")
 
 
 def _short_dir(prefix: str) -> Path:
