@@ -2,9 +2,10 @@
 
 Runs (or reads back) `configs/real.yaml` four ways, each with two seeds by default:
 - `sync`: `rollout.mode=sync` (on-policy: generate a batch under the current weights, train, push, repeat);
-- `alpha`: `rollout.async_ratio=α` (2 by default) with `training.loss=ppo` and the correction named by `--correction`
-  (by default sequence-level truncated importance sampling), so the correction is the only off-policy term: with one
-  optimizer step per batch, ppo's own ratio is 1 (docs/algorithms.md §3 and §8).
+- `alpha`: `rollout.async_ratio=α` (2 by default) with the recipe named by `--correction`: by default `training.loss=ppo`
+  and sequence-level truncated importance sampling, so the correction is the only off-policy term (with one optimizer
+  step per batch, ppo's own ratio is 1: docs/algorithms.md §3 and §8). The `gspo_*` and `*_mb2` recipes take two
+  mini-batch updates a step, so that the loss's own clip against the step's start binds as well.
 
 Each run goes to `<runs-dir>/<name>` (a run whose `run_summary.json` exists is read back, not run again, so a
 stopped benchmark resumes; so is a run that `--previous`, an earlier output of this script, holds). Runs are
@@ -33,11 +34,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-CORRECTIONS = {
-    "seq_tis": {"level": "sequence", "mode": "truncate"},
-    "seq_mis": {"level": "sequence", "mode": "mask"},
-    "geo_mis": {"level": "geometric", "mode": "mask"},
-    "token_tis": {"level": "token", "mode": "truncate"},
+SEQ_TIS = {"level": "sequence", "mode": "truncate"}
+GEO_TIS = {"level": "geometric", "mode": "truncate"}
+CORRECTIONS: dict[str, dict[str, Any]] = {  # --correction: the α runs' loss, engine-trainer correction, extra settings
+    "seq_tis": {"loss": "ppo", "seq_correction": SEQ_TIS},
+    "seq_mis": {"loss": "ppo", "seq_correction": {"level": "sequence", "mode": "mask"}},
+    "geo_mis": {"loss": "ppo", "seq_correction": {"level": "geometric", "mode": "mask"}},
+    "token_tis": {"loss": "ppo", "seq_correction": {"level": "token", "mode": "truncate"}},
+    "seq_tis_mb2": {"loss": "ppo", "seq_correction": SEQ_TIS, "extra": ["training.mini_batches=2"]},
+    "gspo_geo_tis": {"loss": "gspo", "seq_correction": GEO_TIS,
+                     "extra": ["training.mini_batches=2", "training.aggregation=seq-mean-token-mean"]},
 }
 MLFLOW_SERIES = ("train/gap_abs", "train/gap_k3", "train/corr_weight_mean", "train/corr_capped_tokens_count",
                  "train/corr_masked_sequences_count", "train/corr_sequences_count", "staleness/mean")
@@ -50,10 +56,11 @@ def run_specs(args: argparse.Namespace) -> list[dict[str, Any]]:
         seeds = [f"training.seed={seed}", f"generation.seed={seed}"]
         specs.append({"name": f"sync_s{seed}", "label": "sync", "seed": seed,
                       "overrides": ["rollout.mode=sync", *seeds]})
-        corr = json.dumps(CORRECTIONS[args.correction])
+        recipe = CORRECTIONS[args.correction]
         specs.append({"name": f"a{args.alpha}{args.correction}_s{seed}", "label": f"alpha{args.alpha}", "seed": seed,
-                      "overrides": [f"rollout.async_ratio={args.alpha}", "training.loss=ppo",
-                                    f"training.seq_correction={corr}", *seeds]})
+                      "overrides": [f"rollout.async_ratio={args.alpha}", f"training.loss={recipe['loss']}",
+                                    f"training.seq_correction={json.dumps(recipe['seq_correction'])}",
+                                    *recipe.get("extra", []), *seeds]})
     return specs
 
 
@@ -211,7 +218,8 @@ def main(argv: list[str] | None = None) -> None:
     if not a.collect_only:
         run_all(still_to_make(specs, previous), a.runs_dir, a.parallel)
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "alpha": a.alpha,
-              "correction": CORRECTIONS[a.correction], "config": "configs/real.yaml",
+              "correction": CORRECTIONS[a.correction]["seq_correction"],
+              "recipe": CORRECTIONS[a.correction], "config": "configs/real.yaml",
               **collect(specs, a.runs_dir, previous)}
     report(result)
     a.out.parent.mkdir(parents=True, exist_ok=True)

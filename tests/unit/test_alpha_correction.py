@@ -42,6 +42,19 @@ def test_the_alpha_runs_train_with_ppo_and_the_correction_alone() -> None:
     assert specs[2]["overrides"] == ["rollout.mode=sync", "training.seed=1", "generation.seed=1"]
 
 
+def test_the_gspo_recipe_takes_two_mini_batches_with_the_aggregation_gspo_needs() -> None:
+    from asyncrl.config import load_config
+
+    spec = run_specs(Namespace(seeds=[1], alpha=2, correction="gspo_geo_tis"))[1]
+    assert spec["name"] == "a2gspo_geo_tis_s1"
+    assert spec["overrides"] == ["rollout.async_ratio=2", "training.loss=gspo",
+                                 'training.seq_correction={"level": "geometric", "mode": "truncate"}',
+                                 "training.mini_batches=2", "training.aggregation=seq-mean-token-mean",
+                                 "training.seed=1", "generation.seed=1"]
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs/real.yaml", spec["overrides"])  # it validates
+    assert (cfg.training.loss, cfg.training.mini_batches, cfg.rollout.async_ratio) == ("gspo", 2, 2)
+
+
 def test_a_run_whose_folder_is_gone_is_read_from_the_previous_output_and_marked(tmp_path: Path) -> None:
     specs = [{"name": "sync_s0", "label": "sync", "seed": 0, "overrides": []},
              {"name": "a2_s0", "label": "alpha2", "seed": 0, "overrides": []}]
