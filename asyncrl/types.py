@@ -12,6 +12,12 @@ Invariants (checked by `Sample.validate`):
   generated tokens start at response position `turn_offsets[i]` (strictly increasing, first 0, each on a loss-mask
   1 token) and run up to the next run of masked (observation) tokens; `turn_rewards[i]` is the environment's reward
   for the action of turn i, and `reward` is their sum. A turn's versions are its slice of `token_versions`.
+- a sample whose context restarted mid-episode (the agent edited its history) has `segment_offsets`: the response
+  positions where a new segment starts (strictly increasing, each in [1, n-1]; needs `loss_mask`). Segment 0 is
+  `prompt_token_ids + token_ids[:o_1]`; segment k >= 1 is `token_ids[o_k:o_{k+1}]`, whose leading run of loss-mask 0
+  tokens (at least one) is that segment's own prompt and the rest (at least one trained token) its response. Every
+  segment's response starts on a trained token (for segment 0: `loss_mask[0] == 1`), and no turn starts inside a
+  segment's prompt. The trainer trains each segment as its own sequence (`asyncrl.training.segments`).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ class Sample:
     loss_mask: list[int] | None = None
     turn_offsets: list[int] | None = None
     turn_rewards: list[float] | None = None
+    segment_offsets: list[int] | None = None
 
     @property
     def num_turns(self) -> int:
@@ -58,6 +65,8 @@ class Sample:
             )
         if (self.turn_offsets is None) != (self.turn_rewards is None):
             raise ValueError(f"sample {self.group_id}/{self.sample_index}: turn_offsets and turn_rewards go together")
+        if self.segment_offsets is not None:
+            self._validate_segments(n)
         if self.turn_offsets is not None and self.turn_rewards is not None:
             self._validate_turns(n)
         if not self.prompt_token_ids:
@@ -83,6 +92,34 @@ class Sample:
             raise ValueError(f"{where}: every turn must start on a trained-on (loss_mask 1) token, got {offsets}")
         if any(r != r or r in (float("inf"), float("-inf")) for r in rewards):
             raise ValueError(f"{where}: turn_rewards must be finite, got {rewards}")
+
+    def _validate_segments(self, n: int) -> None:
+        offsets, where = self.segment_offsets or [], f"sample {self.group_id}/{self.sample_index}"
+        if not offsets:
+            raise ValueError(f"{where}: segment_offsets must hold at least one offset (None for a single segment), "
+                             f"got {self.segment_offsets}")
+        if self.loss_mask is None:
+            raise ValueError(f"{where}: segment_offsets requires loss_mask (a later segment's prompt is its leading "
+                             f"loss_mask 0 run)")
+        if any(b <= a for a, b in zip(offsets, offsets[1:], strict=False)) or offsets[0] < 1 or offsets[-1] > n - 1:
+            raise ValueError(f"{where}: segment_offsets must increase strictly within [1, {n - 1}], got {offsets}")
+        mask = self.loss_mask
+        if mask[0] != 1:
+            raise ValueError(f"{where}: segment_offsets: segment 0's response must start on a trained-on (loss_mask 1) "
+                             f"token, got loss_mask[0] = {mask[0]}")
+        turns = set(self.turn_offsets or [])
+        for k, (a, b) in enumerate(zip(offsets, [*offsets[1:], n], strict=True), start=1):
+            head = next((j for j in range(a, b) if mask[j]), b)
+            if head == a:
+                raise ValueError(f"{where}: segment_offsets: segment {k} ({a}..{b - 1}) must start with its prompt (at "
+                                 f"least one loss_mask 0 token), got loss_mask {mask[a:b]}")
+            if head == b:
+                raise ValueError(f"{where}: segment_offsets: segment {k} ({a}..{b - 1}) must hold at least one trained-on "
+                                 f"(loss_mask 1) token, got loss_mask {mask[a:b]}")
+            inside = sorted(turns.intersection(range(a, head)))
+            if inside:
+                raise ValueError(f"{where}: turn_offsets {inside} fall inside the prompt of segment {k} "
+                                 f"({a}..{head - 1}); a turn must start on a trained-on token of its segment")
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Encoding: one Parquet (zstd) table per object, one row per sample, columns `GROUP_SCHEMA`. Log-probs
 are stored as float64 (not float32) so a Python float written is the exact float read back.
-`decode_groups` checks every column's presence, type and absence of nulls, then `Group.validate()`.
+`decode_groups` checks every column's presence, type and absence of nulls, then `Group.validate()`; a column of
+`OPTIONAL_COLUMNS` (`segment_offsets`) may be absent (an object written before it existed) and then reads as empty.
 
 Streams: writer `w`'s groups are numbered 0, 1, 2, ... in the order written (the stream index); an object holds
 one or several consecutive groups and is named by the index of its first: `groups/<w>/<seq:012d>.parquet`, the
@@ -61,8 +62,10 @@ GROUP_SCHEMA = pa.schema(
         ("loss_mask", pa.list_(pa.int8())),
         ("turn_offsets", pa.list_(pa.int32())),  # empty: a single-turn sample
         ("turn_rewards", pa.list_(pa.float64())),
+        ("segment_offsets", pa.list_(pa.int32())),  # empty: a single segment
     ]
 )
+OPTIONAL_COLUMNS = frozenset({"segment_offsets"})  # absent from objects written before it existed: read as empty
 _MAX_WRITE_ATTEMPTS = 1000
 GROUPS_METADATA = "asyncrl-groups"  # S3 user metadata of a group object: how many groups it holds
 
@@ -95,6 +98,7 @@ def encode_groups(groups: Iterable[Group]) -> bytes:
             rows["loss_mask"].append(s.mask())
             rows["turn_offsets"].append(s.turn_offsets or [])
             rows["turn_rewards"].append(s.turn_rewards or [])
+            rows["segment_offsets"].append(s.segment_offsets or [])
     if count == 0:
         raise ValueError("encode_groups: expected at least one group")
     table = pa.table(rows, schema=GROUP_SCHEMA)
@@ -118,6 +122,8 @@ def _same_type(actual: pa.DataType, expected: pa.DataType) -> bool:
 def _check_table(table: pa.Table, source: str) -> None:
     for field in GROUP_SCHEMA:
         if field.name not in table.column_names:
+            if field.name in OPTIONAL_COLUMNS:
+                continue
             raise ValueError(f"{source}: missing column {field.name!r} (expected {field.type})")
         col = table.column(field.name)
         if not _same_type(col.type, field.type):
@@ -140,6 +146,8 @@ def decode_groups(data: bytes, source: str) -> list[Group]:
     if table.num_rows == 0:
         raise ValueError(f"{source}: no samples")
     cols = table.to_pydict()
+    for name in OPTIONAL_COLUMNS - set(cols):
+        cols[name] = [[] for _ in range(table.num_rows)]
     groups: dict[str, Group] = {}
     for i in range(table.num_rows):
         gid = cols["group_id"][i]
@@ -162,6 +170,7 @@ def decode_groups(data: bytes, source: str) -> list[Group]:
                 loss_mask=None if all(cols["loss_mask"][i]) else cols["loss_mask"][i],  # all ones reads as None
                 turn_offsets=cols["turn_offsets"][i] or None,
                 turn_rewards=cols["turn_rewards"][i] or None,
+                segment_offsets=cols["segment_offsets"][i] or None,
             )
         )
     for g in groups.values():

@@ -88,7 +88,8 @@ def critic_owner(index_in_group: Tensor, group_size: Tensor | int, num_critics: 
 
     index_in_group [S] (0 ≤ index < G), group_size G (an int, or [S] per sample), M = num_critics ≥ 1.
     The G responses of a group go to the M critics in contiguous blocks, so each critic gets ⌊G/M⌋ or
-    ⌈G/M⌉ of every group (G < M leaves some critics without a sample of that group).
+    ⌈G/M⌉ of every group (G < M leaves some critics without a sample of that group). A batch row carries its
+    sample's index (`TrainBatch.index_in_group`), so the segments of a segmented sample share one critic.
     """
     if isinstance(num_critics, bool) or not isinstance(num_critics, int) or num_critics < 1:
         raise ValueError(f"num_critics: expected an int >= 1, got {num_critics!r}")

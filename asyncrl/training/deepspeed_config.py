@@ -19,7 +19,7 @@ def deepspeed_config(cfg: TrainingConfig, batch_size: int | None = None, world_s
 
     The trainer drives the accumulation boundary itself (one per optimizer step: per mini-batch), so the
     accumulation steps here only make the batch arithmetic consistent; a step with a different number of micro
-    batches is still exact.
+    batches (segmented samples make more rows than samples) is still exact.
     """
     micro = cfg.micro_batch_size
     per_rank = batch_size if batch_size is not None else micro * world_size

@@ -3,7 +3,8 @@
 Owns the order of work within a step (docs/algorithms.md §2–§5), on one `TrainBatch` whose advantages hold the
 GRPO advantages that `build_batch` computed:
 1. `advantage: gae`: every critic scores every response token (values before this step's update), GAE on the
-   mean value V̄ with the outcome reward on the last trained-on token replaces the advantages;
+   mean value V̄ with the outcome reward on the last trained-on token replaces the advantages (per row: a
+   segment of a segmented sample ends its own GAE chain, `asyncrl.training.segments`);
    with AsyPPO, the critics' disagreement zeroes the advantage of the ⌊k·n⌋ most agreed tokens and removes
    the entropy bonus from the ⌊h·n⌋ least agreed ones;
 2. the critics train on the returns (AsyPPO: critic m only on its share of each group);

@@ -2,7 +2,7 @@
 
 Per step, over every sample of the step's batch (exact: the trainer's own groups, not a rollout-side estimate):
 - `train/response_length_mean`, `train/response_length_max`: response tokens per sample (a multi-turn sample
-  counts its turns and the observations between them);
+  counts its turns and the observations between them; a segmented sample also its later segments' prompts);
 - `train/truncated_fraction`: the share of samples that stopped on their token budget (finish reason "length");
 - `train/overlong_masked_fraction` (only with `rollout.overlong: mask`): the share of samples that are truncated and
   have no trained-on token (the environment role masked them).

@@ -43,6 +43,7 @@ def aggregate(token_loss: Tensor, mask: Tensor, mode: str, denom: float | None =
 
     "seq-mean-token-mean": `Σ_i (Σ_t v_it m_it / Σ_t m_it) / denom`, denom defaulting to the number of
     samples with at least one token. "token-mean": `Σ_it v_it m_it / denom`, denom defaulting to Σ m.
+    A sample i is a row: each segment of a segmented sample is a sequence of its own (`asyncrl.training.segments`).
     """
     mask = mask.to(token_loss.dtype)
     if mode == "token-mean":

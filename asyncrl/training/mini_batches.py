@@ -5,14 +5,18 @@ A step's batch is cut into `training.mini_batches` mini-batches, and `training.e
 optimizer step per mini-batch, in order: `mini_batches × epochs` updates. The proximal log-probs of every
 update are those of the policy at the step's start (`asyncrl.training.policy`), so from the second update on
 the ratio r = π_θ / π_prox moves away from 1 and the PPO clip binds. Each mini-batch is aggregated on its own:
-its loss divides by its own non-empty samples / trained tokens (docs/algorithms.md §3), as one step's batch
+its loss divides by its own non-empty rows / trained tokens (docs/algorithms.md §3), as one step's batch
 does with a single update.
 
 Invariants:
 - `mini_batch_rows`: contiguous ranges of row indices, in order, that tile the rows exactly once; their sizes
   differ by at most one row (the first `num_rows % mini_batches` get one more); none is empty, so asking for
-  more mini-batches than rows is an error, never a silent clamp. The plan is a function of the row count
-  alone: every data-parallel rank and every pass gets the same mini-batches.
+  more mini-batches than rows is an error, never a silent clamp. The check counts rows, not samples: a
+  segmented sample is one row per segment (`asyncrl.training.batch`), so a batch has at least as many rows as
+  samples and the configuration's check on samples (`training.mini_batches` <= the step's samples) implies this
+  one; its message says "samples", which are the rows of an unsegmented batch. The plan is a function of the row
+  count alone: every data-parallel rank and every pass gets the same mini-batches; a sample's segments may fall
+  in different mini-batches (each row is its own sequence).
 - each `MiniBatch` carries its own aggregation denominators, counted before its rows of zero gradient are
   left out (`asyncrl.training.zero_advantage`); its micro batches are `shard_micro_batches` of the rows it
   computes, so every rank has the same number of them.
@@ -35,7 +39,7 @@ from asyncrl.training.zero_advantage import computed_rows
 
 @dataclass
 class MiniBatch:
-    """One optimizer step's work: the aggregation denominators of its rows (non-empty samples, trained
+    """One optimizer step's work: the aggregation denominators of its rows (non-empty rows, trained
     tokens, at least 1), the rows it computes, this rank's micro batches of them (micro batch, is_padding)
     and, with several updates a step, their proximal log-probs at the step's start (one tensor per micro
     batch, in order; None: the update's own log-probs)."""
@@ -48,7 +52,8 @@ class MiniBatch:
 
 
 def mini_batch_rows(num_rows: int, mini_batches: int) -> list[range]:
-    """The rows `0..num_rows-1` cut into `mini_batches` contiguous ranges (see the module docstring)."""
+    """The rows `0..num_rows-1` cut into `mini_batches` contiguous ranges (see the module docstring); counts rows
+    (a segmented sample's segments each count)."""
     if mini_batches < 1:
         raise ValueError(f"training.mini_batches: expected >= 1, got {mini_batches}")
     if mini_batches > num_rows:

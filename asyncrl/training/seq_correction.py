@@ -14,7 +14,8 @@ module turns it into one detached weight per token that multiplies the policy lo
 Invariants: the weights carry no gradient; a masked token stays in the aggregation denominators (masking never
 rescales the other samples, as a loss's own dropped tokens); ratios are formed in log space and exponentiated only
 where they are used, so a sequence whose summed log-ratio is ±1000 gives a finite weight (capped, or masked) and no
-nan; positions outside `mask` get weight 0 and never enter a sum, whatever they hold.
+nan; positions outside `mask` get weight 0 and never enter a sum, whatever they hold. A sequence (sample i) is a
+batch row: each segment of a segmented sample is corrected as its own sequence (`asyncrl.training.segments`).
 """
 
 from __future__ import annotations

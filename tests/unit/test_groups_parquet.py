@@ -52,6 +52,16 @@ def test_loss_mask_round_trips_and_is_checked() -> None:
         encode_group(g)
 
 
+def test_segmented_sample_round_trips() -> None:
+    g = make_group(n=2)
+    s = g.samples[0]
+    s.token_ids, s.logprobs, s.token_versions = [5, 6, 40, 7], [-0.1, -0.2, 0.0, -0.3], [3, 3, 3, 4]
+    s.loss_mask, s.segment_offsets = [1, 1, 0, 1], [2]  # segment 1: prompt [40], response [7]
+    back = decode_group(encode_group(g), "mem://g1")
+    assert back == g
+    assert back.samples[0].segment_offsets == [2] and back.samples[1].segment_offsets is None
+
+
 def test_file_schema_and_compression() -> None:
     meta = pq.ParquetFile(pa.BufferReader(encode_group(make_group()))).metadata
     assert meta.num_rows == 3
@@ -94,6 +104,12 @@ def test_decode_names_source_and_missing_column() -> None:
     data = _table_bytes(_good_table().drop_columns(["token_versions"]))
     with pytest.raises(ValueError, match=r"s3://b/k\.parquet: missing column 'token_versions'"):
         decode_group(data, "s3://b/k.parquet")
+
+
+def test_object_without_segment_offsets_column_reads_as_single_segments() -> None:
+    old = _good_table().drop_columns(["segment_offsets"])  # an object written before the column existed
+    back = decode_group(_table_bytes(old), "mem://old")
+    assert back == make_group() and all(s.segment_offsets is None for s in back.samples)
 
 
 def test_decode_names_mistyped_column() -> None:
