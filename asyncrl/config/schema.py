@@ -241,6 +241,13 @@ class EnvConfig(_Section):
                                 "supervised warm start.")
     seed: int = 0
     injection: EnvInjectionConfig | None = Field(None, description="Injected latency and faults.")
+    agent: str | None = Field(None, min_length=3, description="An agent function 'package.module:function(client, "
+                              "task)' run once per episode with an OpenAI client on the episode's own endpoint; it "
+                              "returns the reward (docs/agents.md). The environment `name` is then not used.")
+    agent_timeout_s: float = Field(300.0, gt=0, le=86400, description="Deadline of one agent episode, from its "
+                                   "start to its return: past it the episode fails (a recorded fault).")
+    agent_threads: int = Field(256, ge=1, le=4096, description="Threads that run a plain (not async) agent "
+                               "function: episodes at once; more wait for a thread.")
 
 
 class LengthTailConfig(_Section):
@@ -779,6 +786,14 @@ class RunConfig(_Section):
         # the registry; environments do not import the config
         from asyncrl.envs import is_import_path, make, registered, resolve
 
+        if env.agent is not None:  # the agent function replaces the environment
+            from asyncrl.agents.agent_function import resolve_agent
+
+            try:
+                resolve_agent(env.agent)
+            except ValueError as e:
+                raise ValueError(f"env.agent: {e}") from e
+            return
         if is_import_path(env.name):  # the user's class: imported and checked first (env.name), then built once
             try:
                 resolve(env.name)

@@ -19,7 +19,7 @@ episodes without progress for `env.hang_report_s`.
 Invariants:
 - at most one task per (group, sample): a `Start` for a live episode (its next turn, or the re-sent continuation of
   its turn) is queued on that episode (`_Episode.starts`), never started as a second task;
-- a level's record (`_Level`) exists from admission until `group_for_emit` or `drop_group`; dropping a group or a
+- a level's record (`EpisodeLevel`) exists from admission until `group_for_emit` or `drop_group`; dropping a group or a
   sample cancels its episodes (except the one that is calling: it sees its group gone and returns);
 - an episode's sample is stored in its level before `sample_scored` is reported; its environment is closed when its
   task ends, however it ends;
@@ -63,7 +63,7 @@ def injection_key(group_seq: int, sample_index: int) -> int:
 
 
 @dataclass
-class _Level:
+class EpisodeLevel:
     """One admitted group: the level all its episodes play, and its finished samples."""
 
     seed: int
@@ -98,7 +98,7 @@ class EpisodeKind:
         self.chat = ChatFormat(self.tokenizer)
         self.executor = EnvExecutor(env.executor, env.max_concurrent_steps, env.step_timeout_s)
         self.watch = ProgressWatch(env.hang_report_s)
-        self.levels: dict[str, _Level] = {}
+        self.levels: dict[str, EpisodeLevel] = {}
         self.episodes: dict[tuple[str, int], _Episode] = {}
         self.writer_index = instance_index(driver.ctx.role_id)
         self.prompt_estimate = 64
@@ -107,10 +107,10 @@ class EpisodeKind:
         self.episodes_finished = self.successes = self.turns_total = self.stalled_reports = 0
 
     # ---- admission and decisions ---------------------------------------------------------------------
-    def next_group(self, seq: int) -> _Level:
-        return _Level(train_level_seed(self.env_cfg.seed, self.writer_index, seq), seq, self.prompt_estimate)
+    def next_group(self, seq: int) -> EpisodeLevel:
+        return EpisodeLevel(train_level_seed(self.env_cfg.seed, self.writer_index, seq), seq, self.prompt_estimate)
 
-    def admitted(self, group_id: str, record: _Level) -> None:
+    def admitted(self, group_id: str, record: EpisodeLevel) -> None:
         self.levels[group_id] = record
 
     def start(self, d: Start) -> asyncio.Task | None:
@@ -207,7 +207,7 @@ class EpisodeKind:
             if handle is not None:
                 await handle.close()
 
-    async def _generate(self, d: Start, level: _Level, traj: MultiTurnTrajectory, turn: int) -> bool:
+    async def _generate(self, d: Start, level: EpisodeLevel, traj: MultiTurnTrajectory, turn: int) -> bool:
         """One request of the open turn; True when it was aborted (the scheduler decides what follows)."""
         ro = self.cfg.rollout
         done_in_turn = len(traj.current_turn_ids()) if traj.turn_open else 0

@@ -29,6 +29,7 @@ import httpx
 
 from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.rewards.client import RewardClient
+from asyncrl.roles.agent_episodes import AgentKind
 from asyncrl.roles.agentic import EpisodeKind
 from asyncrl.roles.context import (
     RoleContext,
@@ -59,7 +60,7 @@ async def run_environment(ctx: RoleContext) -> None:
         gens = GenerationServers(ctx, client, gen_docs, cfg.timeouts.http_s)
         reward = RewardClient(base_url(reward_docs[0]), client, cfg.timeouts.http_s,
                               attempts=cfg.rollout.reward_attempts)
-        kind = EpisodeKind if cfg.env is not None else SingleTurnKind
+        kind = SingleTurnKind if cfg.env is None else AgentKind if cfg.env.agent is not None else EpisodeKind
         driver = RolloutDriver(ctx, gens, reward, kind)
         evaluator = None
         if cfg.eval.every_steps and ctx.role_id == FIRST_WRITER:  # held-out curves: one writer evaluates

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.evaluation.agent_eval import evaluate_agent
 from asyncrl.evaluation.agentic import evaluate_agentic
 from asyncrl.evaluation.single_turn import evaluate
 from asyncrl.models.prompts import prompt_format, stop_token_ids
@@ -57,6 +58,8 @@ def point_metrics(result: dict[str, Any], wall_s: float, attempts: int) -> dict[
     for key in ("mean_reward", "mean_turns"):
         if key in result:
             out[f"eval/{key}"] = float(result[key])
+    if "faults" in result:  # agentic and agent tasks: held-out episodes whose environment or agent failed
+        out["eval/faults"] = float(len(result["faults"]))
     return out
 
 
@@ -74,6 +77,8 @@ class PeriodicEval:
     async def evaluate_once(self) -> dict[str, Any]:
         cfg, tag = self.cfg, f"periodic-eval-{self.points}"
         deadline = cfg.eval_request_timeout_s  # long answers on a busy engine take longer than one HTTP exchange
+        if cfg.env is not None and cfg.env.agent is not None:
+            return await evaluate_agent(self.server_urls, cfg, self.tokenizer, timeout_s=deadline, tag=tag)
         if cfg.env is not None:
             return await evaluate_agentic(self.server_urls, cfg, self.tokenizer, timeout_s=deadline, tag=tag)
         prompt = prompt_format(cfg, self.tokenizer)  # the prompts as the rollout sends them, ended by every end id

@@ -19,11 +19,8 @@ import pytest
 import yaml
 
 from asyncrl.config import load_config
-from asyncrl.local.seaweed import EmbeddedS3
 from asyncrl.models.tokenizer import TEXT_VOCAB
-from asyncrl.storage.groups import GroupReader
-from asyncrl.storage.run_layout import RunPaths
-from asyncrl.storage.s3 import S3Store
+from tests.helpers.run_groups import stats_and_groups
 from tests.helpers.subprocess_runs import run_embedded
 
 pytestmark = pytest.mark.integration
@@ -48,19 +45,6 @@ def finished_run(tmp_path_factory):
     return runs / RUN_ID, config, stdout
 
 
-def _stats_and_groups(run_dir: Path, config: Path, monkeypatch) -> tuple[dict, list]:
-    cfg = load_config(config)
-    summary = json.loads((run_dir / "run_summary.json").read_text())
-    with EmbeddedS3(run_dir / "s3") as s3:  # the run's data folder, served again
-        for k, v in s3.env().items():
-            monkeypatch.setenv(k, v)
-        store = S3Store(s3.endpoint_url, cfg.storage.bucket)
-        paths = RunPaths(cfg.storage.prefix, summary["run_id"])
-        stats = store.get_json(paths.rollout_stats("env0"))
-        groups = [g for _, _, g in GroupReader(store, paths).poll()]
-    return stats, groups
-
-
 def test_run_finishes_and_measures_held_out_success(finished_run):
     run_dir, config, stdout = finished_run
     cfg = load_config(config)
@@ -75,7 +59,7 @@ def test_run_finishes_and_measures_held_out_success(finished_run):
 def test_trajectories_are_multi_turn_with_observations_masked(finished_run, monkeypatch):
     run_dir, config, _ = finished_run
     cfg = load_config(config)
-    _, groups = _stats_and_groups(run_dir, config, monkeypatch)
+    _, groups = stats_and_groups(run_dir, config, monkeypatch)
     assert len(groups) >= cfg.training.steps * cfg.rollout.prompts_per_step
     multi = 0
     for g in groups:
@@ -99,7 +83,7 @@ def test_trajectories_are_multi_turn_with_observations_masked(finished_run, monk
 
 def test_faults_are_counted_replaced_and_never_trained(finished_run, monkeypatch):
     run_dir, config, _ = finished_run
-    stats, groups = _stats_and_groups(run_dir, config, monkeypatch)
+    stats, groups = stats_and_groups(run_dir, config, monkeypatch)
     m = stats["metrics"]
     for kind in ("raised", "garbage", "timeout"):
         assert m.get(f"env/faults_{kind}", 0) >= 1, (kind, m)
