@@ -11,6 +11,7 @@ and is reported with its reason.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,15 +23,16 @@ from asyncrl.agents.session import TurnSession
 from asyncrl.agents.transcript import AgentTranscript
 from asyncrl.config import RunConfig
 from asyncrl.generation.client import GenerationClient
+from asyncrl.models.prompts import stop_token_ids
 
 
 class _GreedySession(TurnSession):
     """One held-out episode's endpoint session: each request generated greedily on one server."""
 
     def __init__(self, gen: GenerationClient, tokenizer: Any, cfg: RunConfig, limits: Limits, renders_tools: bool,
-                 tag: str) -> None:
+                 tag: str, stop_ids: list[int]) -> None:
         super().__init__(tokenizer, limits, renders_tools, tag)
-        self.gen, self.tok, self.cfg = gen, tokenizer, cfg
+        self.gen, self.tok, self.cfg, self.stop_ids = gen, tokenizer, cfg, stop_ids
         self.transcript = AgentTranscript.for_tokenizer(tokenizer)
         self.versions: set[int] = set()
 
@@ -46,22 +48,23 @@ class _GreedySession(TurnSession):
             raise RequestError(f"messages: {len(context)} tokens leave no room in the model's context "
                                f"(generation.max_model_len = {self.cfg.generation.max_model_len})",
                                kind="context_length_exceeded")
-        eos = int(self.tok.eos_token_id)
         out = await self.gen.generate(f"{self.tag}-{self.turns}", context, max_tokens=budget, temperature=0.0,
-                                      top_p=1.0, seed=0, stop_token_ids=[eos])
+                                      top_p=1.0, seed=0, stop_token_ids=self.stop_ids)
         self.transcript.add_generated(out.token_ids, out.logprobs, out.token_versions, out.start_version)
         self.versions.update(out.token_versions)
         self.turns += 1
         ids = list(out.token_ids)
-        finish = "stop" if ids and ids[-1] == eos else "length"
+        finish = "stop" if ids and ids[-1] in self.stop_ids else "length"
         return self.tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False), finish, \
             len(context), len(ids)
 
 
 async def evaluate_agent(server_urls: list[str], cfg: RunConfig, tokenizer: Any, *, timeout_s: float,
-                         concurrency: int = 32, tag: str = "eval", token: str | None = None) -> dict[str, Any]:
+                         concurrency: int = 32, tag: str = "eval", token: str | None = None,
+                         model_folder: Path | None = None) -> dict[str, Any]:
     """Greedy held-out success rate of the agent with the servers' current weights (same result keys as
-    `evaluate_agentic`). `token`: the servers' bearer token (default: `ASYNCRL_ROLE_TOKEN`)."""
+    `evaluate_agentic`). `token`: the servers' bearer token (default: `ASYNCRL_ROLE_TOKEN`); `model_folder`: where
+    generation_config.json's end ids are read (the chat template's end of turn and the tokenizer's eos always)."""
     env = cfg.env
     if env is None or env.agent is None:
         raise ValueError("evaluate_agent: the config names no env.agent")
@@ -71,6 +74,7 @@ async def evaluate_agent(server_urls: list[str], cfg: RunConfig, tokenizer: Any,
     ro = cfg.rollout
     limits = Limits(ro.temperature, ro.top_p, ro.max_new_tokens)
     renders_tools = template_renders_tools(tokenizer)
+    stop_ids = stop_token_ids(tokenizer, model_folder, chat=True)
     endpoint = EpisodeEndpoint(request_timeout_s=timeout_s)
     await endpoint.start()
     sem = asyncio.Semaphore(concurrency)
@@ -82,7 +86,7 @@ async def evaluate_agent(server_urls: list[str], cfg: RunConfig, tokenizer: Any,
             async def one(seed: int) -> tuple[bool, int, set[int]]:
                 async with sem:
                     session = _GreedySession(gens[seed % len(gens)], tokenizer, cfg, limits, renders_tools,
-                                             f"{tag}-{seed}")
+                                             f"{tag}-{seed}", stop_ids)
                     url = endpoint.open_episode(session)
                     task = agent_task(env, seed, "eval")
                     try:

@@ -33,6 +33,7 @@ from asyncrl.agents.chat_request import Limits, RequestError, template_renders_t
 from asyncrl.agents.endpoint import EpisodeEndpoint
 from asyncrl.agents.session import TurnSession
 from asyncrl.agents.transcript import AgentTranscript
+from asyncrl.models.prompts import stop_token_ids
 from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.roles.agentic import MAX_FAILED_LISTED, EpisodeLevel, train_level_seed
 from asyncrl.roles.context import instance_index
@@ -93,7 +94,7 @@ class _Episode(TurnSession):
                 break
         self.turns += 1
         ids = self.transcript.current_turn_ids()
-        self.last_finish = "stop" if ids and ids[-1] == k.eos_id else "length"
+        self.last_finish = "stop" if ids and ids[-1] in k.stop_ids else "length"
         text = k.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         return text, self.last_finish, len(context), len(ids)
 
@@ -125,7 +126,7 @@ class AgentKind:
         self.driver, self.cfg, self.sched, self.gens, self.env_cfg = driver, cfg, driver.sched, driver.gens, env
         self.agent = resolve_agent(env.agent)
         self.tokenizer = load_tokenizer(driver.ctx.model_folder())
-        self.eos_id = int(self.tokenizer.eos_token_id)
+        self.stop_ids = stop_token_ids(self.tokenizer, driver.ctx.model_folder(), chat=True)
         ro = cfg.rollout
         self.limits = Limits(ro.temperature, ro.top_p, ro.max_new_tokens)
         self.renders_tools = template_renders_tools(self.tokenizer)
@@ -239,7 +240,7 @@ class AgentKind:
                 d.request_id, context, max_tokens=budget, temperature=ro.temperature, top_p=ro.top_p,
                 seed=sample_seed(self.cfg.generation.seed + 1009 * d.turn, level.seq, d.sample_index,
                                  ro.samples_per_prompt),
-                stop_token_ids=[self.eos_id], timeout_s=ro.request_timeout_s, min_version=d.start_version)
+                stop_token_ids=self.stop_ids, timeout_s=ro.request_timeout_s, min_version=d.start_version)
         except RemoteError as err:
             if not err.server_unavailable:
                 raise

@@ -78,7 +78,8 @@ class PeriodicEval:
         cfg, tag = self.cfg, f"periodic-eval-{self.points}"
         deadline = cfg.eval_request_timeout_s  # long answers on a busy engine take longer than one HTTP exchange
         if cfg.env is not None and cfg.env.agent is not None:
-            return await evaluate_agent(self.server_urls, cfg, self.tokenizer, timeout_s=deadline, tag=tag)
+            return await evaluate_agent(self.server_urls, cfg, self.tokenizer, timeout_s=deadline, tag=tag,
+                                        model_folder=self.model_folder)
         if cfg.env is not None:
             return await evaluate_agentic(self.server_urls, cfg, self.tokenizer, timeout_s=deadline, tag=tag)
         prompt = prompt_format(cfg, self.tokenizer)  # the prompts as the rollout sends them, ended by every end id
