@@ -4,7 +4,9 @@ This module is the role's entry point: it waits for the generation and reward se
 and runs one `RolloutDriver` (`asyncrl.roles.rollout_driver`) until the run is over:
 - a single-turn verifiable task: `SingleTurnKind` (`asyncrl.roles.single_turn`): prompts from the train split, each
   finished sample scored at once through the reward role;
-- an agentic task (`env` set): `EpisodeKind` (`asyncrl.roles.agentic`): each sample is a multi-turn episode.
+- an agentic task (`env` set): `EpisodeKind` (`asyncrl.roles.agentic`): each sample is a multi-turn episode;
+- an agent task (`env.agent` set): `AgentKind` (`asyncrl.roles.agent_episodes`): each sample is one call of the
+  user's agent function, whose model calls come through the episode endpoint (docs/agents.md).
 The driver offers groups to the `RolloutScheduler` (admission under α, replication, queue routing, redundancy,
 dynamic filtering, staleness; see its docstring), turns its decisions into requests and aborts on the generation
 servers, and writes the kept groups to S3 as Parquet objects (`groups/<writer>/<seq>.parquet`; the groups that
