@@ -73,6 +73,67 @@ class ModelConfig(_Section):
     tiny: TinyModelConfig = TinyModelConfig()
 
 
+DEFAULT_RUBRIC = ("Problem: {prompt}\nReference answer: {answer}\nStudent's answer: {response}\n"
+                  "Does the student's final answer equal the reference answer? Reply with Score: 1 if it does, "
+                  "Score: 0 if it does not.")
+
+
+class JudgeConfig(_Section):
+    """A judge model as the reward (asyncrl/rewards/judge.py, docs/reward_api.md): the rubric filled with the problem,
+    the response and the reference answer, sent to the judge, its score read by `score_pattern`."""
+
+    url: str | None = Field(None, description="An OpenAI-compatible base URL (e.g. http://judge:8000/v1): the "
+                            "rubric goes to its /chat/completions as one user message.")
+    model_path: str | None = Field(None, description="A model folder served as the judge by the run itself: its own "
+                                   "vLLM server (the judge role), never sent weights. Exactly one of url and "
+                                   "model_path.")
+    model: str = Field("judge", min_length=1, description="url: the model name sent.")
+    api_key_env: str | None = Field(None, pattern=r"^[A-Z_][A-Z0-9_]*$", description="url: the name of the "
+                                    "environment variable holding its API key (never the key itself).")
+    rubric: str = Field(DEFAULT_RUBRIC, min_length=1, max_length=20_000, description="The judge's prompt; "
+                        "{prompt}, {response} and {answer} are replaced (write {{ and }} for braces).")
+    score_pattern: str = Field(r"[Ss]core:\s*(-?\d+(?:\.\d+)?)", description="A regular expression with one "
+                               "group: the judge's score (its last match in the reply).")
+    min_score: float = Field(0.0, description="The lowest score: reward 0.")
+    max_score: float = Field(1.0, description="The highest score: reward 1; the reward is linear between, and a "
+                             "score outside [min_score, max_score] is a failed judgment.")
+    max_tokens: int = Field(32, ge=1, le=4096, description="The judge's reply budget.")
+    timeout_s: float = Field(120.0, gt=0, le=3600, description="Deadline of one judge call.")
+    attempts: int = Field(3, ge=1, le=10, description="Calls per judgment before it fails (no answer, an error "
+                          "status, a reply without a score); a failed judgment fails its sample, never a zero.")
+    max_concurrency: int = Field(16, ge=1, le=1024, description="Judge calls at once per reward instance.")
+    max_model_len: int = Field(1024, ge=16, le=131072, description="model_path: the judge engine's context.")
+    kv_cache_gib: float = Field(0.5, gt=0, le=1024, description="model_path: the judge engine's KV cache.")
+
+    @model_validator(mode="after")
+    def _check(self) -> JudgeConfig:
+        import re
+        import string
+
+        if (self.url is None) == (self.model_path is None):
+            raise ValueError("task.judge: expected exactly one of url (an OpenAI-compatible server) and model_path "
+                             f"(a model the run serves), got url={self.url!r}, model_path={self.model_path!r}")
+        if self.url is not None and not re.match(r"^https?://[^\s/]+", self.url):
+            raise ValueError(f"task.judge.url: expected an http(s) URL, got {self.url!r}")
+        try:
+            fields = {f for _, f, _, _ in string.Formatter().parse(self.rubric) if f is not None}
+        except ValueError as e:
+            raise ValueError(f"task.judge.rubric: not a valid template ({e}); write {{{{ and }}}} for braces") from e
+        unknown = sorted(fields - {"prompt", "response", "answer"})
+        if unknown:
+            raise ValueError(f"task.judge.rubric: unknown fields {unknown}; expected only {{prompt}}, {{response}}, "
+                             f"{{answer}}")
+        try:
+            groups = re.compile(self.score_pattern).groups
+        except re.error as e:
+            raise ValueError(f"task.judge.score_pattern: not a regular expression: {e}") from e
+        if groups != 1:
+            raise ValueError(f"task.judge.score_pattern: expected exactly one group (the score), got {groups}")
+        if not self.min_score < self.max_score:
+            raise ValueError(f"task.judge: expected min_score < max_score, got {self.min_score} and {self.max_score}")
+        return self
+
+
 class TaskConfig(_Section):
     """The verifiable single-turn task: the built-in arithmetic problems, a reasoning-gym dataset, or the user's own
     files (JSON Lines of {"prompt", "answer"}, or Parquet / JSON / JSON Lines with field mapping).
@@ -126,6 +187,8 @@ class TaskConfig(_Section):
         "without surrounding spaces, must equal the answer), math (the final answer found in the response, a "
         "\\boxed{}, '#### X', 'the answer is X' or else the last number, compared numerically or symbolically; "
         "docs/reward_api.md), or auto (exact for arithmetic and jsonl, math for the other task names).")
+    judge: JudgeConfig | None = Field(None, description="A judge model as the reward instead of task.reward and the "
+                                      "verifier (docs/reward_api.md).")
     format_reward: float = Field(0.0, ge=0, lt=1, description="Math verifier only: the reward added when the answer "
                                  "is given in an explicit form (\\boxed{}, '#### X', 'the answer is X'), right or "
                                  "wrong; below 1, so a correct answer always scores above a wrong one; 0: the reward "
@@ -139,6 +202,13 @@ class TaskConfig(_Section):
 
             load_reward_fn(v)  # importable, a function of (prompt, response, answer): ValueError names the path
         return v
+
+    @model_validator(mode="after")
+    def _check_judge(self) -> TaskConfig:
+        if self.judge is not None and self.reward:
+            raise ValueError(f"task.judge: a judge replaces task.reward; set one of them, got task.reward "
+                             f"{self.reward!r} too")
+        return self
 
     @model_validator(mode="after")
     def _check_format_reward(self) -> TaskConfig:

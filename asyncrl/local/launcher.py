@@ -8,7 +8,8 @@ the run's documents, resume, summary and tracking are `asyncrl.run`'s, the very 
 2. starts SeaweedFS on loopback with its data in the run folder (kept after the run), creates the run
    (`asyncrl.run.create`: `config.json`, `model.json`, `tracking.json`, the MLflow run in a local sqlite store
    beside the run folders), or with `--resume` rewinds it (`asyncrl.run.resume`);
-3. starts reward and generation roles and waits until they published their addresses;
+3. starts reward and generation roles (and the judge role, with `task.judge.model_path`) and waits until they
+   published their addresses;
 4. starts the training and environment roles, shows live progress from `versions/latest.json`, stops at the
    `done` marker (or on the first role that fails, or on Ctrl-C); the held-out evaluation runs inside the run
    (`eval.every_steps`, the first environment writer), warm start and final version included;
@@ -318,6 +319,9 @@ class EmbeddedRun:
         common = ["--run-url", self.url]
         serving = [*common, "--on-done", "stay"]  # their checksums are read after the run; stopped by this launcher
         procs.start("reward-0", "asyncrl.roles.reward", [*serving, "--id", "0"])
+        judge = cfg.task.judge is not None and cfg.task.judge.model_path is not None
+        if judge:  # the run's own judge model: a vLLM server of its own, never sent weights (asyncrl.roles.judge)
+            procs.start("judge-0", "asyncrl.roles.judge", [*serving, "--id", "0"])
         for i in range(cfg.generation.num_servers):
             procs.start(f"generation-{i}", "asyncrl.roles.generation", [*serving, "--id", str(i)])
         # the trainer and the writers start now too: their imports and DeepSpeed's init overlap the engines' start,
@@ -328,6 +332,8 @@ class EmbeddedRun:
         _print(f"starting {cfg.generation.num_servers} generation server(s) (vLLM engine start takes ~35 s each)")
         gen_docs = self.wait_roles(store, "generation", cfg.generation.num_servers)
         self.wait_roles(store, "reward", 1)
+        if judge:
+            self.wait_roles(store, "judge", 1)
         t_train = time.monotonic()  # train_wall_s: from the servers being ready to the run's end
         latest = self.follow(store)
         train_wall = time.monotonic() - t_train

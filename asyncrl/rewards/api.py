@@ -28,6 +28,7 @@ MAX_BATCH_ITEMS = 4096
 ITEM_STATUS_REFUSED = 422
 """The per-item status of a refused item (no string `metadata.answer`, a task other than the run's `task.name`)."""
 ITEM_STATUS_FAILED = 500
+ITEM_STATUS_JUDGE_FAILED = 502  # task.judge gave no usable score within its attempts (retried by the caller)
 """The per-item status of an item whose scoring failed on the server (a verifier bug): transient for the client."""
 
 

@@ -33,6 +33,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import uvicorn
@@ -40,6 +41,7 @@ from fastapi import FastAPI, HTTPException
 
 from asyncrl.rewards.api import (
     ITEM_STATUS_FAILED,
+    ITEM_STATUS_JUDGE_FAILED,
     ITEM_STATUS_REFUSED,
     MAX_BATCH_ITEMS,
     MAX_BODY_BYTES,
@@ -52,6 +54,7 @@ from asyncrl.rewards.api import (
     ScoreResponse,
 )
 from asyncrl.rewards.custom import Scorer, builtin_scorer, scorer_for
+from asyncrl.rewards.judge import JudgeError
 from asyncrl.roles.context import (
     RoleContext,
     advertised,
@@ -60,6 +63,7 @@ from asyncrl.roles.context import (
     setup_logging,
     watched,
 )
+from asyncrl.roles.judge_scorer import run_scorer
 from asyncrl.roles.liveness import Heartbeat, RunOver
 from asyncrl.roles.stop_signal import StopSignal
 from asyncrl.rpc.auth import DEFAULT_BODY_TIMEOUT_S, MissingTokenError, require_token, secure_app
@@ -94,11 +98,13 @@ def score_item(req: ScoreRequest, scorer: Scorer = builtin_scorer) -> tuple[floa
 
 def create_app(stats: dict[str, int] | None = None, *, token: str | None,
                max_body_bytes: int = MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
-               scorer: Scorer = builtin_scorer) -> FastAPI:
+               scorer: Scorer = builtin_scorer, concurrency: int = 1) -> FastAPI:
     """The reward API; `stats` (updated in place: `scored`, `rejected`, counted per item) is the role's heartbeat
     figures. Every route requires `token` as a bearer token (None: no check, tests only); bodies are limited to
     `max_body_bytes` and must arrive within `body_timeout_s` (408). A body that is not a score request (or, for
-    `/score_batch`, a list of 1..MAX_BATCH_ITEMS of them) gets 422 naming the field, without echoing the input."""
+    `/score_batch`, a list of 1..MAX_BATCH_ITEMS of them) gets 422 naming the field, without echoing the input.
+    With `concurrency` > 1 (a judge), a batch's items are scored that many at once; a `JudgeError` is the item's
+    failure with status 502."""
     app = FastAPI(title="asyncrl reward")
     secure_app(app, token, max_body_bytes, body_timeout_s=body_timeout_s)
     stats = stats if stats is not None else {}
@@ -106,6 +112,7 @@ def create_app(stats: dict[str, int] | None = None, *, token: str | None,
     stats.setdefault("rejected", 0)
 
     lock = threading.Lock()  # the handlers run on the server's thread pool
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="score") if concurrency > 1 else None
 
     def count(scored: int, rejected: int) -> None:
         with lock:
@@ -119,27 +126,31 @@ def create_app(stats: dict[str, int] | None = None, *, token: str | None,
         except Refused as refused:
             count(0, 1)
             raise HTTPException(ITEM_STATUS_REFUSED, refused.detail) from None
+        except JudgeError as err:
+            raise HTTPException(ITEM_STATUS_JUDGE_FAILED, str(err)) from None
         count(1, 0)
+        return ScoreResponse(reward=reward, details=details)
+
+    def one(indexed: tuple[int, ScoreRequest]) -> ScoreResponse | ScoreItemFailure:
+        index, item = indexed
+        try:
+            reward, details = score_item(item, scorer)
+        except Refused as refused:
+            return ScoreItemFailure(error=ItemError(status=ITEM_STATUS_REFUSED, detail=refused.detail))
+        except JudgeError as err:
+            return ScoreItemFailure(error=ItemError(status=ITEM_STATUS_JUDGE_FAILED, detail=str(err)[:500]))
+        except Exception as err:  # a verifier bug: this item fails, the others still get their scores
+            log.exception("score_batch: item %d (task %.128r) raised", index, item.task)
+            return ScoreItemFailure(error=ItemError(
+                status=ITEM_STATUS_FAILED, detail=f"internal error while scoring: {type(err).__name__}"))
         return ScoreResponse(reward=reward, details=details)
 
     @app.post("/score_batch", response_model=ScoreBatchResponse)
     def post_score_batch(req: ScoreBatchRequest) -> ScoreBatchResponse:
-        results: list[ScoreResponse | ScoreItemFailure] = []
-        scored = rejected = 0
-        for index, item in enumerate(req.items):
-            try:
-                reward, details = score_item(item, scorer)
-            except Refused as refused:
-                rejected += 1
-                results.append(ScoreItemFailure(error=ItemError(status=ITEM_STATUS_REFUSED, detail=refused.detail)))
-                continue
-            except Exception as err:  # a verifier bug: this item fails, the others still get their scores
-                log.exception("score_batch: item %d (task %.128r) raised", index, item.task)
-                results.append(ScoreItemFailure(error=ItemError(
-                    status=ITEM_STATUS_FAILED, detail=f"internal error while scoring: {type(err).__name__}")))
-                continue
-            scored += 1
-            results.append(ScoreResponse(reward=reward, details=details))
+        items = list(enumerate(req.items))
+        results = list(pool.map(one, items) if pool is not None and len(items) > 1 else map(one, items))
+        scored = sum(isinstance(r, ScoreResponse) for r in results)
+        rejected = sum(isinstance(r, ScoreItemFailure) and r.error.status == ITEM_STATUS_REFUSED for r in results)
         count(scored, rejected)
         return ScoreBatchResponse(results=results)
 
@@ -190,9 +201,11 @@ async def serve(ctx: RoleContext, sock: socket.socket, advertise: str, on_done: 
     def ready(host: str, port: int) -> None:
         ctx.publish({"host": advertise or host, "port": port})
 
-    async with watched(ctx, on_done, heartbeat, lambda: numeric_metrics(stats)) as (stop, over):
-        app = create_app(stats, token=token, body_timeout_s=ctx.cfg.timeouts.http_s,
-                         scorer=scorer_for(ctx.cfg.task))
+    scorer, concurrency, extra = run_scorer(ctx) if ctx.cfg.task.judge is not None else \
+        (scorer_for(ctx.cfg.task), 1, dict)
+    async with watched(ctx, on_done, heartbeat, lambda: {**numeric_metrics(stats), **extra()}) as (stop, over):
+        app = create_app(stats, token=token, body_timeout_s=ctx.cfg.timeouts.http_s, scorer=scorer,
+                         concurrency=concurrency)
         await serve_app(app, sock, ready, stop, signals)
     return over[0] if over else None
 

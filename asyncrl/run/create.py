@@ -44,7 +44,13 @@ class RunExists(ValueError):
 def check_cluster_config(cfg: RunConfig) -> None:
     """On a cluster, model-written code runs in the sandbox pool (manifests/sandbox/), never in the environment pod
     (which holds the run's S3 keys and role token, and whose default seccomp profile refuses user namespaces):
-    a tool-use task that may run Python must name the pool in `env.params.sandbox_url`. ConfigError otherwise."""
+    a tool-use task that may run Python must name the pool in `env.params.sandbox_url`. A judge the run would serve
+    itself (`task.judge.model_path`) has no pipeline step: name a judge server in `task.judge.url`. ConfigError
+    otherwise."""
+    if cfg.task.judge is not None and cfg.task.judge.model_path is not None:
+        raise ConfigError(
+            "task.judge.model_path: the pipeline has no judge step yet; on a cluster serve the judge yourself (any "
+            "OpenAI-compatible server, e.g. vLLM's) and name it in task.judge.url")
     if cfg.env is None or cfg.env.name != "tool_use":
         return
     if cfg.env.params.get("allow_python", True) and not cfg.env.params.get("sandbox_url"):
