@@ -12,11 +12,15 @@ What is honoured, and why the rest is refused rather than ignored:
 - `n` > 1, `stream`, `stop`, `logprobs`, `logit_bias`, `seed`, penalties and `response_format` are refused: each
   would change what is sampled or how it is returned in a way the trajectory does not record;
 - `tools` are passed to the chat template when it renders them (its source mentions `tools`), refused otherwise.
-  The reply is returned as text: a tool call the model writes is in `content`, for the agent to parse.
+  With `tools` in the request, tool calls the model writes as `<tool_call>{"name": ..., "arguments": ...}</tool_call>`
+  (the Hermes / Qwen convention) are returned as `tool_calls` (finish reason `tool_calls`), the rest of the text as
+  `content`; a block that is not such JSON stays in the text. Without `tools` the reply is text, as generated.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -136,6 +140,27 @@ def _content(message: dict[str, Any], i: int) -> str:
                        f"{type(content).__name__}", param=f"messages[{i}].content")
 
 
+def _template_tool_calls(calls: Any, i: int) -> list[dict[str, Any]]:
+    """An assistant message's `tool_calls` as chat templates read them: each function's `arguments` as an object
+    (the API carries it as a JSON string)."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise RequestError(f"{where}: expected a list", param=where)
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RequestError(f"{where}[{j}]: expected {{'function': {{'name': ..., 'arguments': ...}}}}", param=where)
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError as e:
+                raise RequestError(f"{where}[{j}].function.arguments: not JSON ({e.msg})", param=where) from e
+        out.append({**call, "function": {**fn, "arguments": args}})
+    return out
+
+
 def parse_chat(body: Any, limits: Limits, template_renders_tools: bool) -> ChatRequest:
     """`body` of POST /v1/chat/completions, checked (RequestError otherwise)."""
     model, max_tokens = _common(body, limits)
@@ -151,9 +176,11 @@ def parse_chat(body: Any, limits: Limits, template_renders_tools: bool) -> ChatR
             raise RequestError(f"messages[{i}].role: expected one of {list(ROLES)}, got {role!r}",
                                param=f"messages[{i}].role")
         out = {"role": role, "content": _content(m, i)}
-        for key in ("name", "tool_calls", "tool_call_id"):
+        for key in ("name", "tool_call_id"):
             if m.get(key) is not None:
                 out[key] = m[key]
+        if m.get("tool_calls") is not None:
+            out["tool_calls"] = _template_tool_calls(m["tool_calls"], i)
         clean.append(out)
     if clean[-1]["role"] == "assistant":
         raise RequestError("messages: the last message is the assistant's; continuing an assistant message is not "
@@ -204,11 +231,41 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def parse_tool_calls(text: str, reply_id: str) -> tuple[str, list[dict[str, Any]]]:
+    """(the text without its tool-call blocks, the OpenAI `tool_calls` they hold); blocks that are not JSON objects
+    with a string `name` stay in the text."""
+    calls: list[dict[str, Any]] = []
+
+    def take(match: re.Match[str]) -> str:
+        try:
+            doc = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            return match.group(0)
+        if not isinstance(doc, dict) or not isinstance(doc.get("name"), str):
+            return match.group(0)
+        args = doc.get("arguments", {})
+        calls.append({"id": f"call-{reply_id}-{len(calls)}", "type": "function",
+                      "function": {"name": doc["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
+        return ""
+
+    rest = _TOOL_CALL.sub(take, text)
+    return (rest.strip() if calls else text), calls
+
+
 def chat_response(reply_id: str, model: str, text: str, finish_reason: str, prompt_tokens: int,
-                  completion_tokens: int) -> dict[str, Any]:
+                  completion_tokens: int, tools: bool = False) -> dict[str, Any]:
+    """The chat completion; with `tools` (the request offered some) tool-call blocks become `tool_calls`."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tools:
+        content, calls = parse_tool_calls(text, reply_id)
+        if calls:
+            message = {"role": "assistant", "content": content or None, "tool_calls": calls}
+            finish_reason = "tool_calls"
     return {"id": reply_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": finish_reason}],
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
             "usage": _usage(prompt_tokens, completion_tokens)}
 
 

@@ -31,7 +31,8 @@ class TurnSession:
     async def chat(self, body: Any) -> dict[str, Any]:
         req = parse_chat(body, self.limits, self.renders_tools)
         text, finish, prompt_n, n = await self.turn(render_chat(self.tokenizer, req), req.max_tokens)
-        return chat_response(f"chatcmpl-{self.tag}-{self.turns}", req.model or "policy", text, finish, prompt_n, n)
+        return chat_response(f"chatcmpl-{self.tag}-{self.turns}", req.model or "policy", text, finish, prompt_n, n,
+                             tools=req.tools is not None)
 
     async def completion(self, body: Any) -> dict[str, Any]:
         req = parse_completion(body, self.limits)

@@ -75,3 +75,45 @@ def test_a_reply_has_the_openai_shape() -> None:
     assert r["object"] == "chat.completion" and r["choices"][0]["message"] == {"role": "assistant",
                                                                                "content": "hello"}
     assert r["usage"] == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+
+
+def test_tool_call_blocks_become_tool_calls_only_when_tools_were_offered() -> None:
+    from asyncrl.agents.chat_request import parse_tool_calls
+
+    text = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    rest, calls = parse_tool_calls(text, "r1")
+    assert rest == "Let me add." and calls == [{"id": "call-r1-0", "type": "function",
+                                                "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]
+    assert parse_tool_calls("<tool_call>not json</tool_call>", "r") == ("<tool_call>not json</tool_call>", [])
+    with_tools = chat_response("r1", "m", text, "stop", 1, 1, tools=True)["choices"][0]
+    assert with_tools["finish_reason"] == "tool_calls" and with_tools["message"]["tool_calls"] == calls
+    assert chat_response("r1", "m", text, "stop", 1, 1)["choices"][0]["message"] == {"role": "assistant",
+                                                                                       "content": text}
+
+
+TOOL_TEMPLATE = (
+    "{% if tools %}{{ 'tools:' + (tools | map(attribute='function') | map(attribute='name') | join(',')) }}{% endif %}"
+    "{% for m in messages %}{{ '<|' + m['role'] + '|>' }}{{ m['content'] }}"
+    "{% for c in m.get('tool_calls', []) %}{{ c['function']['name'] }}({{ c['function']['arguments']['a'] }})"
+    "{% endfor %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+def test_a_template_that_renders_tools_gets_them_and_tool_call_arguments_as_objects() -> None:
+    from asyncrl.agents.chat_request import render_chat, template_renders_tools
+    from asyncrl.models.tokenizer import make_tokenizer
+
+    tok = make_tokenizer("text")
+    tok.chat_template = TOOL_TEMPLATE
+    assert template_renders_tools(tok)
+    body = {"messages": [{"role": "user", "content": "x"},
+                         {"role": "assistant", "content": None, "tool_calls": [
+                             {"id": "c0", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}]},
+                         {"role": "tool", "tool_call_id": "c0", "content": "5"}],
+            "tools": [{"type": "function", "function": {"name": "add", "parameters": {}}}]}
+    req = parse_chat(body, LIMITS, template_renders_tools=True)
+    assert render_chat(tok, req) == "tools:add<|user|>x<|assistant|>add(2)<|tool|>5<|assistant|>"
+    bad = {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]},
+                        {"role": "user", "content": "y"}]}
+    with pytest.raises(RequestError, match=r"messages\[0\].tool_calls\[0\].function.arguments: not JSON"):
+        parse_chat(bad, LIMITS, template_renders_tools=True)
