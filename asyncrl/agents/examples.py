@@ -1,7 +1,8 @@
 """Example agents, written as a user would write them: plain functions with the official `openai` client.
 
 `calculator_agent` (configs/agent_calculator.yaml): sums of `terms` whole numbers in [0, max_value], drawn from the
-seed; the model may call a calculator by writing `<calculator>EXPRESSION</calculator>` (evaluated by the tool-use
+seed. The conversation opens with one worked exchange (`DEMO`, unless `params["demo"]` is false); the model may call a
+calculator by writing `<calculator>EXPRESSION</calculator>` (evaluated by the tool-use
 environment's `calculate`, never `eval`), gets `Result: <value>` back as the next user message, and ends with
 "The answer is N" (without that phrase, the reply's last number counts). Reward 1 when the answer is the sum, else 0.
 A reply without a calculator call ends the episode; so does running out of turns (reward 0).
@@ -17,6 +18,12 @@ from asyncrl.envs.tool_use import calculate
 
 SYSTEM = ("Solve the problem. You may use a calculator: write <calculator>EXPRESSION</calculator> and wait for its "
           "result. End with: The answer is N.")
+DEMO = [  # one worked exchange in the conversation: without it SmolLM2-135M never writes the tag (docs/results.md)
+    {"role": "user", "content": "Calculate 12 + 30."},
+    {"role": "assistant", "content": "<calculator>12 + 30</calculator>"},
+    {"role": "user", "content": "Result: 42"},
+    {"role": "assistant", "content": "The answer is 42."},
+]
 _CALL = re.compile(r"<calculator>(.*?)</calculator>", re.DOTALL)
 _ANSWER = re.compile(r"answer is\s*\**\s*(-?\d[\d,]*)", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d+")
@@ -39,7 +46,8 @@ def final_answer(reply: str) -> int | None:
 def calculator_agent(client: Any, task: dict[str, Any]) -> dict[str, Any]:
     params = task["params"]
     problem, answer = sum_problem(task["seed"], int(params.get("terms", 2)), int(params.get("max_value", 99)))
-    messages = [{"role": "system", "content": task.get("system_prompt") or SYSTEM},
+    demo = DEMO if params.get("demo", True) else []
+    messages = [{"role": "system", "content": task.get("system_prompt") or SYSTEM}, *demo,
                 {"role": "user", "content": problem}]
     calls = 0
     for _ in range(task["max_turns"]):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from asyncrl.agents.examples import SYSTEM, calculator_agent, final_answer, sum_problem
+from asyncrl.agents.examples import DEMO, SYSTEM, calculator_agent, final_answer, sum_problem
 
 
 class ScriptedClient:
@@ -21,9 +21,9 @@ class ScriptedClient:
         return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content=content))])
 
 
-def task(seed: int = 5, max_turns: int = 3) -> dict[str, Any]:
-    return {"seed": seed, "split": "train", "params": {"terms": 2, "max_value": 99}, "max_turns": max_turns,
-            "system_prompt": ""}
+def task(seed: int = 5, max_turns: int = 3, demo: bool = True) -> dict[str, Any]:
+    return {"seed": seed, "split": "train", "params": {"terms": 2, "max_value": 99, "demo": demo},
+            "max_turns": max_turns, "system_prompt": ""}
 
 
 def test_problems_come_from_the_seed() -> None:
@@ -47,8 +47,8 @@ def test_a_calculator_call_gets_its_result_and_a_right_answer_scores_one() -> No
     client = ScriptedClient([f"<calculator>{expr}</calculator>", f"The answer is {answer}."])
     assert calculator_agent(client, task()) == {"reward": 1.0, "success": True, "calculator_calls": 1}
     first, second = client.seen
-    assert first == [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
-    assert second[2:] == [{"role": "assistant", "content": f"<calculator>{expr}</calculator>"},
+    assert first == [{"role": "system", "content": SYSTEM}, *DEMO, {"role": "user", "content": text}]
+    assert second[6:] == [{"role": "assistant", "content": f"<calculator>{expr}</calculator>"},
                           {"role": "user", "content": f"Result: {answer}"}]
 
 
@@ -67,3 +67,10 @@ def test_the_example_config_names_the_example_agent() -> None:
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "configs/agent_calculator.yaml")
     assert cfg.env is not None and cfg.env.agent == "asyncrl.agents.examples:calculator_agent"
+
+
+def test_without_the_demo_the_conversation_is_the_problem_alone() -> None:
+    text, answer = sum_problem(5)
+    client = ScriptedClient([f"The answer is {answer}."])
+    calculator_agent(client, task(demo=False))
+    assert client.seen[0] == [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
