@@ -844,6 +844,16 @@ class RunConfig(_Section):
         return self
 
     @property
+    def reward_call(self) -> tuple[float, int]:
+        """(deadline, most items) of one call from an environment writer to the reward role: one HTTP exchange and
+        the largest batch; with a judge, batches of `task.judge.max_concurrency` items (one round of judgments)
+        and the exchange plus every attempt of one judgment."""
+        judge = self.task.judge
+        if judge is None:
+            return self.timeouts.http_s, 4096
+        return self.timeouts.http_s + judge.timeout_s * judge.attempts, judge.max_concurrency
+
+    @property
     def eval_request_timeout_s(self) -> float:
         """One held-out evaluation request's deadline: it waits for its whole answer, like a rollout request, so at
         least `rollout.request_timeout_s`, and at least one HTTP exchange (`timeouts.http_s`)."""

@@ -60,8 +60,9 @@ async def run_environment(ctx: RoleContext) -> None:
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
     async with httpx.AsyncClient(limits=limits) as client:
         gens = GenerationServers(ctx, client, gen_docs, cfg.timeouts.http_s)
-        reward = RewardClient(base_url(reward_docs[0]), client, cfg.timeouts.http_s,
-                              attempts=cfg.rollout.reward_attempts)
+        reward_s, reward_items = cfg.reward_call
+        reward = RewardClient(base_url(reward_docs[0]), client, reward_s, attempts=cfg.rollout.reward_attempts,
+                              max_batch_items=reward_items)
         kind = SingleTurnKind if cfg.env is None else AgentKind if cfg.env.agent is not None else EpisodeKind
         driver = RolloutDriver(ctx, gens, reward, kind)
         evaluator = None

@@ -159,3 +159,11 @@ def test_an_openai_compatible_judge_gets_the_rubric_and_its_key_from_the_environ
     monkeypatch.delenv("JUDGE_KEY")
     with pytest.raises(ValueError, match="the environment variable JUDGE_KEY is not set"):
         OpenAIJudge(cfg, httpx.Client())
+
+
+def test_with_a_judge_the_writers_send_one_round_of_judgments_a_call_and_wait_for_every_attempt() -> None:
+    plain = load_config("configs/smoke.yaml")
+    assert plain.reward_call == (plain.timeouts.http_s, 4096)
+    judged = load_config("configs/smoke.yaml", ['task.judge={"url": "http://a/v1", "timeout_s": 30, "attempts": 2, '
+                                                '"max_concurrency": 8}'])
+    assert judged.reward_call == (judged.timeouts.http_s + 60, 8)
