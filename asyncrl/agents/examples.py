@@ -18,7 +18,7 @@ from asyncrl.envs.tool_use import calculate
 
 SYSTEM = ("Solve the problem. You may use a calculator: write <calculator>EXPRESSION</calculator> and wait for its "
           "result. End with: The answer is N.")
-DEMO = [  # one worked exchange in the conversation: without it SmolLM2-135M never writes the tag (docs/results.md)
+DEMO = [  # one worked exchange as chat turns: without it SmolLM2-135M never writes the tag (docs/results.md)
     {"role": "user", "content": "Calculate 12 + 30."},
     {"role": "assistant", "content": "<calculator>12 + 30</calculator>"},
     {"role": "user", "content": "Result: 42"},
