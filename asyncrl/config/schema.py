@@ -92,6 +92,9 @@ class JudgeConfig(_Section):
                                     "environment variable holding its API key (never the key itself).")
     rubric: str = Field(DEFAULT_RUBRIC, min_length=1, max_length=20_000, description="The judge's prompt; "
                         "{prompt}, {response} and {answer} are replaced (write {{ and }} for braces).")
+    reply_prefix: str = Field("", max_length=200, description="model_path only: text the judge's reply starts with "
+                              "(written after the generation prompt, and read with the reply), e.g. 'Score:' for a "
+                              "small judge that would not write the score's form on its own.")
     score_pattern: str = Field(r"[Ss]core:\s*(-?\d+(?:\.\d+)?)", description="A regular expression with one "
                                "group: the judge's score (its last match in the reply).")
     min_score: float = Field(0.0, description="The lowest score: reward 0.")
@@ -129,6 +132,9 @@ class JudgeConfig(_Section):
             raise ValueError(f"task.judge.score_pattern: not a regular expression: {e}") from e
         if groups != 1:
             raise ValueError(f"task.judge.score_pattern: expected exactly one group (the score), got {groups}")
+        if self.reply_prefix and self.url is not None:
+            raise ValueError("task.judge.reply_prefix: only with model_path (an OpenAI chat endpoint cannot be given "
+                             "the start of its reply)")
         if not self.min_score < self.max_score:
             raise ValueError(f"task.judge: expected min_score < max_score, got {self.min_score} and {self.max_score}")
         return self

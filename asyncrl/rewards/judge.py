@@ -6,7 +6,8 @@ Two transports, one per kind of judge:
   user message, temperature 0; an API key only from the environment variable `api_key_env` names;
 - `ServedJudge`: the run's own judge role (`task.judge.model_path`, `asyncrl.roles.judge`): a vLLM server of the
   judge model, never sent weights; the rubric is rendered with the judge's chat template (without one: the plain
-  text after the model's BOS) and sent as token ids to its /generate, greedily, ending at the judge's end ids.
+  text after the model's BOS), followed by `reply_prefix` (the start of the judge's reply, read with it), and sent
+  as token ids to its /generate, greedily, ending at the judge's end ids.
 
 `JudgeClient.score` makes one judgment: up to `attempts` calls, each with the `timeout_s` deadline; a call fails on
 no answer, an error status, or a reply without a score in [min_score, max_score] (`read_score`). When every attempt
@@ -107,8 +108,8 @@ class ServedJudge:
         if self.chat:
             rendered = self.tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                                     add_generation_prompt=True)
-            return list(self.tok(rendered, add_special_tokens=False)["input_ids"])
-        ids = list(self.tok(text)["input_ids"])
+            return list(self.tok(rendered + self.cfg.reply_prefix, add_special_tokens=False)["input_ids"])
+        ids = list(self.tok(text + self.cfg.reply_prefix)["input_ids"])
         bos = getattr(self.tok, "bos_token_id", None)
         return ids if bos is None or ids[:1] == [bos] else [int(bos), *ids]
 
@@ -130,7 +131,7 @@ class ServedJudge:
             out = r.json()["token_ids"]
         except (ValueError, KeyError, TypeError) as err:
             raise JudgeError(f"judge server answer has no token_ids: {type(err).__name__}") from err
-        return str(self.tok.decode(out, skip_special_tokens=True))
+        return self.cfg.reply_prefix + str(self.tok.decode(out, skip_special_tokens=True))
 
 
 class JudgeClient:

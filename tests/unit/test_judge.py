@@ -167,3 +167,27 @@ def test_with_a_judge_the_writers_send_one_round_of_judgments_a_call_and_wait_fo
     judged = load_config("configs/smoke.yaml", ['task.judge={"url": "http://a/v1", "timeout_s": 30, "attempts": 2, '
                                                 '"max_concurrency": 8}'])
     assert judged.reward_call == (judged.timeouts.http_s + 60, 8)
+
+
+def test_a_served_judge_reply_starts_with_the_prefix_it_was_given() -> None:
+    import httpx
+
+    from asyncrl.models.tokenizer import make_tokenizer
+    from asyncrl.rewards.judge import ServedJudge
+
+    tok = make_tokenizer("text")
+    cfg = JudgeConfig(model_path="/m", reply_prefix="Score:", rubric="{answer}")
+
+    def server(request: httpx.Request) -> httpx.Response:
+        assert json.loads(request.content)["prompt_token_ids"] == served.prompt_ids("7")
+        return httpx.Response(200, json={"token_ids": tok(" 1", add_special_tokens=False)["input_ids"]})
+
+    import json
+
+    served = ServedJudge(cfg, httpx.Client(transport=httpx.MockTransport(server)), lambda: "http://judge", None, tok,
+                        [tok.eos_token_id])
+    assert tok.decode(served.prompt_ids("7")).endswith("<|assistant|>Score:")
+    assert JudgeClient(cfg, served).score("p", "r", "7") == (1.0, {"judge_score": 1.0, "judge_attempts": 1,
+                                                                   "correct": True})
+    with pytest.raises(ValueError, match="reply_prefix: only with model_path"):
+        JudgeConfig(url="http://a/v1", reply_prefix="Score:")
