@@ -854,9 +854,11 @@ class RunConfig(_Section):
         """(deadline, most items) of one call from an environment writer to the reward role: one HTTP exchange and
         the largest batch; with a judge, batches of `task.judge.max_concurrency` items (one round of judgments)
         and the exchange plus every attempt of one judgment."""
+        from asyncrl.rewards.api import MAX_BATCH_ITEMS
+
         judge = self.task.judge
         if judge is None:
-            return self.timeouts.http_s, 4096
+            return self.timeouts.http_s, MAX_BATCH_ITEMS
         return self.timeouts.http_s + judge.timeout_s * judge.attempts, judge.max_concurrency
 
     @property

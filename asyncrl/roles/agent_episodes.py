@@ -35,13 +35,12 @@ from asyncrl.agents.session import TurnSession
 from asyncrl.agents.transcript import AgentTranscript
 from asyncrl.models.prompts import stop_token_ids
 from asyncrl.models.tokenizer import load_tokenizer
-from asyncrl.roles.agentic import MAX_FAILED_LISTED, EpisodeLevel, train_level_seed
+from asyncrl.roles.agentic import MAX_FAILED_LISTED, EpisodeLevel, LevelEpisodes
 from asyncrl.roles.context import instance_index
 from asyncrl.roles.generation_servers import log_lost
 from asyncrl.roles.rollout_driver import RolloutDriver, sample_seed
-from asyncrl.rollout.scheduler import DropGroup, DropSample, EmitGroup, Start
+from asyncrl.rollout.scheduler import Start
 from asyncrl.rpc.http import RemoteError
-from asyncrl.types import Group
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +112,7 @@ class _Episode(TurnSession):
         return getting.result()
 
 
-class AgentKind:
+class AgentKind(LevelEpisodes):
     """The `SampleKind` of an agent task (see the module docstring)."""
 
     local_decisions_first = True
@@ -123,6 +122,7 @@ class AgentKind:
         cfg = driver.cfg
         env = cfg.env
         assert env is not None and env.agent is not None
+        super().__init__()
         self.driver, self.cfg, self.sched, self.gens, self.env_cfg = driver, cfg, driver.sched, driver.gens, env
         self.agent = resolve_agent(env.agent)
         self.tokenizer = load_tokenizer(driver.ctx.model_folder())
@@ -133,20 +133,14 @@ class AgentKind:
         self.endpoint = EpisodeEndpoint(request_timeout_s=ro.request_timeout_s + cfg.timeouts.http_s)
         self.threads = ThreadPoolExecutor(max_workers=env.agent_threads, thread_name_prefix="agent")
         self._endpoint_started: asyncio.Task | None = None
-        self.levels: dict[str, EpisodeLevel] = {}
-        self.episodes: dict[tuple[str, int], _Episode] = {}
         self.writer_index = instance_index(driver.ctx.role_id)
+        self.prompt_estimate = 64  # an agent's prompt is unknown until it calls the model
+        self.task_name = f"agent:{env.agent}"
         self.faults: dict[str, int] = {}
         self.failed_episodes: list[str] = []
         self.episodes_finished = self.successes = self.turns_total = self.new_segments = 0
 
     # ---- admission and decisions ---------------------------------------------------------------------
-    def next_group(self, seq: int) -> EpisodeLevel:
-        return EpisodeLevel(train_level_seed(self.env_cfg.seed, self.writer_index, seq), seq, 64)
-
-    def admitted(self, group_id: str, record: EpisodeLevel) -> None:
-        self.levels[group_id] = record
-
     def start(self, d: Start) -> asyncio.Task | None:
         key = (d.group_id, d.sample_index)
         ep = self.episodes.get(key)
@@ -159,25 +153,6 @@ class AgentKind:
         ep = self.episodes[key] = _Episode(self, d, level)
         ep.task = asyncio.create_task(self.run_episode(ep))
         return ep.task
-
-    def drop_group(self, d: DropGroup) -> None:
-        self.levels.pop(d.group_id, None)
-        self._cancel(lambda key, gid=d.group_id: key[0] == gid)
-
-    def drop_sample(self, d: DropSample) -> None:
-        self._cancel(lambda key, d=d: key == (d.group_id, d.sample_index))
-
-    def _cancel(self, match: Any) -> None:
-        me = asyncio.current_task()
-        for key, ep in list(self.episodes.items()):
-            if match(key) and ep.task is not None and ep.task is not me:
-                ep.ended.set()
-                ep.task.cancel()
-
-    def group_for_emit(self, d: EmitGroup) -> Group:
-        level = self.levels.pop(d.group_id)
-        return Group(d.group_id, level.seed, f"agent:{self.env_cfg.agent}",
-                     [level.samples[i] for i in d.sample_indices])
 
     # ---- one episode ---------------------------------------------------------------------------------
     async def _ensure_endpoint(self) -> None:

@@ -82,48 +82,25 @@ class _Episode:
     starts: list[Start] = field(default_factory=list)  # the scheduler's next Start for this episode, if any
 
 
-class EpisodeKind:
-    """The `SampleKind` of an agentic task (see the module docstring)."""
+class LevelEpisodes:
+    """The level records and live episode tasks of a multi-turn sample kind, and the decisions that only touch them
+    (shared by `EpisodeKind` and the agent kind, `asyncrl.roles.agent_episodes.AgentKind`). A subclass sets
+    `env_cfg`, `writer_index`, `prompt_estimate` and `task_name` and keeps `episodes[key].task` up to date."""
 
-    local_decisions_first = True  # cancel and queue episodes before awaiting an abort or a group's S3 write
-    skipped_long_prompts = 0  # an episode's prompt is rendered from its environment, never skipped
+    env_cfg: Any
+    writer_index: int
+    prompt_estimate: int
+    task_name: str
 
-    def __init__(self, driver: RolloutDriver) -> None:
-        cfg = driver.cfg
-        env = cfg.env
-        assert env is not None
-        self.driver, self.cfg, self.sched, self.gens, self.env_cfg = driver, cfg, driver.sched, driver.gens, env
-        self.tokenizer = load_tokenizer(driver.ctx.model_folder())
-        self.eos_id = int(self.tokenizer.eos_token_id)
-        self.chat = ChatFormat(self.tokenizer)
-        self.executor = EnvExecutor(env.executor, env.max_concurrent_steps, env.step_timeout_s)
-        self.watch = ProgressWatch(env.hang_report_s)
+    def __init__(self) -> None:
         self.levels: dict[str, EpisodeLevel] = {}
-        self.episodes: dict[tuple[str, int], _Episode] = {}
-        self.writer_index = instance_index(driver.ctx.role_id)
-        self.prompt_estimate = 64
-        self.env_faults: dict[str, int] = {}
-        self.failed_episodes: list[str] = []  # "<group>/<sample>: <reason>", the first MAX_FAILED_LISTED
-        self.episodes_finished = self.successes = self.turns_total = self.stalled_reports = 0
+        self.episodes: dict[tuple[str, int], Any] = {}
 
-    # ---- admission and decisions ---------------------------------------------------------------------
     def next_group(self, seq: int) -> EpisodeLevel:
         return EpisodeLevel(train_level_seed(self.env_cfg.seed, self.writer_index, seq), seq, self.prompt_estimate)
 
     def admitted(self, group_id: str, record: EpisodeLevel) -> None:
         self.levels[group_id] = record
-
-    def start(self, d: Start) -> asyncio.Task | None:
-        key = (d.group_id, d.sample_index)
-        ep = self.episodes.get(key)
-        if ep is not None:  # the next turn, or a re-sent continuation, of a live episode
-            ep.starts.append(d)
-            return None
-        if d.group_id not in self.levels:
-            return None
-        ep = self.episodes[key] = _Episode()
-        ep.task = asyncio.create_task(self.run_episode(d))
-        return ep.task
 
     def drop_group(self, d: DropGroup) -> None:
         self.levels.pop(d.group_id, None)
@@ -141,7 +118,45 @@ class EpisodeKind:
 
     def group_for_emit(self, d: EmitGroup) -> Group:
         level = self.levels.pop(d.group_id)
-        return Group(d.group_id, level.seed, self.env_cfg.name, [level.samples[i] for i in d.sample_indices])
+        return Group(d.group_id, level.seed, self.task_name, [level.samples[i] for i in d.sample_indices])
+
+
+class EpisodeKind(LevelEpisodes):
+    """The `SampleKind` of an agentic task (see the module docstring)."""
+
+    local_decisions_first = True  # cancel and queue episodes before awaiting an abort or a group's S3 write
+    skipped_long_prompts = 0  # an episode's prompt is rendered from its environment, never skipped
+
+    def __init__(self, driver: RolloutDriver) -> None:
+        cfg = driver.cfg
+        env = cfg.env
+        assert env is not None
+        super().__init__()
+        self.driver, self.cfg, self.sched, self.gens, self.env_cfg = driver, cfg, driver.sched, driver.gens, env
+        self.task_name = env.name
+        self.tokenizer = load_tokenizer(driver.ctx.model_folder())
+        self.eos_id = int(self.tokenizer.eos_token_id)
+        self.chat = ChatFormat(self.tokenizer)
+        self.executor = EnvExecutor(env.executor, env.max_concurrent_steps, env.step_timeout_s)
+        self.watch = ProgressWatch(env.hang_report_s)
+        self.writer_index = instance_index(driver.ctx.role_id)
+        self.prompt_estimate = 64
+        self.env_faults: dict[str, int] = {}
+        self.failed_episodes: list[str] = []  # "<group>/<sample>: <reason>", the first MAX_FAILED_LISTED
+        self.episodes_finished = self.successes = self.turns_total = self.stalled_reports = 0
+
+    # ---- admission and decisions ---------------------------------------------------------------------
+    def start(self, d: Start) -> asyncio.Task | None:
+        key = (d.group_id, d.sample_index)
+        ep = self.episodes.get(key)
+        if ep is not None:  # the next turn, or a re-sent continuation, of a live episode
+            ep.starts.append(d)
+            return None
+        if d.group_id not in self.levels:
+            return None
+        ep = self.episodes[key] = _Episode()
+        ep.task = asyncio.create_task(self.run_episode(d))
+        return ep.task
 
     # ---- one episode ---------------------------------------------------------------------------------
     async def run_episode(self, first: Start) -> None:

@@ -18,12 +18,8 @@ from asyncrl.models.prompts import stop_token_ids
 from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.rewards.custom import Scorer, for_task
 from asyncrl.rewards.judge import JudgeClient, JudgeTransport, OpenAIJudge, ServedJudge
-from asyncrl.roles.context import RoleContext
+from asyncrl.roles.context import RoleContext, base_url
 from asyncrl.rpc.auth import role_token
-
-
-def _base_url(doc: dict[str, Any]) -> str:
-    return f"http://{doc['host']}:{doc['port']}"
 
 
 def run_scorer(ctx: RoleContext) -> tuple[Scorer, int, Callable[[], dict[str, float]]]:
@@ -39,7 +35,7 @@ def run_scorer(ctx: RoleContext) -> tuple[Scorer, int, Callable[[], dict[str, fl
         tokenizer = load_tokenizer(folder)
         chat = bool(getattr(tokenizer, "chat_template", None))
         transport = ServedJudge(
-            cfg, http, lambda: _base_url(ctx.wait_for_peers("judge", 1, ctx.cfg.timeouts.rendezvous_s)[0]),
+            cfg, http, lambda: base_url(ctx.wait_for_peers("judge", 1, ctx.cfg.timeouts.rendezvous_s)[0]),
             role_token(), tokenizer, stop_token_ids(tokenizer, folder, chat=chat))
     client = JudgeClient(cfg, transport)
 
