@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint unit build-model import-smollm2 real bench-real bench compare bench-efficiency bench-efficiency-rounds bench-control-plane calibrate stability credit-overhead gpu-check agentic agentic-bench faults images push-images pipeline-upload clean
+.PHONY: install run test lint unit build-model import-smollm2 real bench-real bench compare bench-efficiency bench-efficiency-rounds bench-control-plane calibrate stability credit-overhead gpu-check agentic agentic-bench faults images push-images pipeline-upload kfp-files clean
 
 install: $(STAMP)
 
@@ -138,6 +138,12 @@ push-images:
 pipeline-upload: $(STAMP)
 	@test -n "$(REGISTRY)" || { echo "make pipeline-upload: REGISTRY is empty: set the REGISTRY push-images pushed to" >&2; exit 1; }
 	$(PY) -m asyncrl.cli pipeline upload --registry "$(REGISTRY)" --tag "$(TAG)" $(KFP_ARGS)
+
+# The Kubeflow files generated from asyncrl/cluster/pipeline/ (committed; tests/unit/test_kfp_files.py checks them):
+# the package's asyncrl.yaml, pipelines/ (the compiled pipelines to upload) and components/ (one spec per step).
+kfp-files: $(STAMP)
+	$(PY) -m asyncrl.cli pipeline compile
+	$(PY) -m asyncrl.cli pipeline export --out-dir .
 
 clean:
 	rm -rf runs .pytest_cache .ruff_cache

@@ -1,6 +1,7 @@
-"""`asyncrl pipeline compile|upload|run|rehearse`: the user's commands for Kubeflow Pipelines, through `kfp`.
+"""`asyncrl pipeline compile|export|upload|run|rehearse`: the user's commands for Kubeflow Pipelines, through `kfp`.
 
     asyncrl pipeline compile                                   # the committed YAML (images asyncrl-*:dev)
+    asyncrl pipeline export [--out-dir .]                      # pipelines/ and components/ (asyncrl.cluster.kfp_files)
     asyncrl pipeline compile --registry R [--tag T] [--out F]  # image defaults R/asyncrl-*:T (T: the git revision)
     asyncrl pipeline compile ... --pod-layout layout.yaml     # the pods' compile-time settings (pods.PodLayout)
     asyncrl pipeline upload --host URL --registry R [--tag T] [--name asyncrl] [--version V] [--namespace NS]
@@ -52,13 +53,20 @@ def compile_pipeline(out: Path = DEFAULT_YAML, registry: str = COMMITTED_REGISTR
     """Compile asyncrl/cluster/pipeline/definition.py to `out` (KFP IR YAML), the image parameters defaulting
     to `<registry>/asyncrl-<name>:<tag>`; with `pod_layout`, a YAML file of `asyncrl.cluster.pipeline.pods.PodLayout`
     fields (cache volume, /dev/shm size, Kueue queue and pod group)."""
+    from asyncrl.cluster.pipeline import pods
+
+    return compile_layout(out, None if pod_layout is None else pods.load_layout(pod_layout), registry, tag)
+
+
+def compile_layout(out: Path, layout: Any = None, registry: str = COMMITTED_REGISTRY,
+                   tag: str = COMMITTED_TAG) -> Path:
+    """`compile_pipeline` with a `pods.PodLayout` itself (None: the default layout, the committed YAML's)."""
     from kfp import compiler
 
     from asyncrl.cluster.pipeline import pods
     from asyncrl.cluster.pipeline.definition import asyncrl_pipeline
 
-    pipeline = asyncrl_pipeline if pod_layout is None else pods.with_layout(asyncrl_pipeline,
-                                                                             pods.load_layout(pod_layout))
+    pipeline = asyncrl_pipeline if layout is None else pods.with_layout(asyncrl_pipeline, layout)
     out.parent.mkdir(parents=True, exist_ok=True)
     compiler.Compiler().compile(pipeline, str(out), pipeline_parameters=image_refs(registry, tag))
     return out
@@ -166,6 +174,11 @@ def main(args: argparse.Namespace) -> None:
             and not args.pod_layout else _compile_for(args, out)
         print(json.dumps({"wrote": str(path), "images": refs}))
         return
+    if args.action == "export":
+        from asyncrl.cluster.kfp_files import export
+
+        print(json.dumps({"wrote": [str(p) for p in export(Path(args.out_dir))]}))
+        return
     if args.action == "rehearse":
         _rehearse(args)
         return
@@ -242,8 +255,8 @@ def _param_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("pipeline", help="compile, upload, run or rehearse the Kubeflow pipeline")
-    actions = p.add_subparsers(dest="action", required=True, metavar="{compile,upload,run,rehearse}")
+    p = sub.add_parser("pipeline", help="compile, export, upload, run or rehearse the Kubeflow pipeline")
+    actions = p.add_subparsers(dest="action", required=True, metavar="{compile,export,upload,run,rehearse}")
     log = argparse.ArgumentParser(add_help=False)
     log.add_argument("--log-level", default=os.environ.get("ASYNCRL_LOG_LEVEL", "WARNING"))
 
@@ -251,6 +264,10 @@ def add_parser(sub: Any) -> None:
     _image_flags(c)
     c.add_argument("--out", default="", help=f"where to write the YAML (default {DEFAULT_YAML.name} in the "
                    f"package without --registry/--tag, else {BUILD_DIR}/asyncrl.yaml)")
+
+    e = actions.add_parser("export", parents=[log], help="write pipelines/ (the compiled pipelines to upload) and "
+                           "components/ (one component spec per step), as committed (`make kfp-files`)")
+    e.add_argument("--out-dir", default=".", help="the folder to write pipelines/ and components/ in (default: .)")
 
     u = actions.add_parser("upload", parents=[log], help="upload a new version of the pipeline, named by the git "
                            "revision, with image defaults from --registry/--tag")
