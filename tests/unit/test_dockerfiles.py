@@ -22,9 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 DOCKERFILES = sorted(DOCKER.glob("*.Dockerfile"))
 NAMES = [p.name for p in DOCKERFILES]
-EXPECTED = {"generation.Dockerfile", "training.Dockerfile", "light.Dockerfile"}
+EXPECTED = {"generation.Dockerfile", "generation-cpu.Dockerfile", "training.Dockerfile", "light.Dockerfile"}
 ENTRYPOINTS = {
     "generation.Dockerfile": "asyncrl.roles.generation",
+    "generation-cpu.Dockerfile": "asyncrl.roles.generation",
     "training.Dockerfile": "asyncrl.roles.training",
     "light.Dockerfile": "asyncrl.roles.environment",
 }
@@ -48,12 +49,36 @@ def instructions(path: Path) -> list[tuple[str, str]]:
     return out
 
 
+def global_args(path: Path) -> dict[str, str]:
+    """The ARGs declared before the first FROM, with their defaults: what a FROM line may name."""
+    out: dict[str, str] = {}
+    for ins, args in instructions(path):
+        if ins == "FROM":
+            break
+        if ins == "ARG":
+            name, _, default = args.partition("=")
+            out[name.strip()] = default.strip().strip('"')
+    return out
+
+
+def from_image(path: Path, image: str) -> str:
+    """A FROM line's image with a global ARG (`${NAME}` or `$NAME`) replaced by its default."""
+    defaults = global_args(path)
+    match = re.fullmatch(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", image)
+    if match is None:
+        return image
+    assert match.group(1) in defaults and defaults[match.group(1)], (
+        f"{path.name}: FROM {image}: expected a global ARG {match.group(1)} with a pinned default")
+    return defaults[match.group(1)]
+
+
 def stages(path: Path) -> list[list[tuple[str, str]]]:
     result: list[list[tuple[str, str]]] = []
     for ins in instructions(path):
         if ins[0] == "FROM":
             result.append([])
-        result[-1].append(ins)
+        if result:  # global ARGs before the first FROM belong to no stage
+            result[-1].append(ins)
     return result
 
 
@@ -97,7 +122,8 @@ def test_every_from_is_pinned(name: str) -> None:
             seen_stages.add(parts[2].lower())
         if is_stage:
             continue
-        assert "$" not in image, f"{name}: FROM {image}: expected a literal pinned image, not a variable"
+        image = from_image(DOCKER / name, image)
+        assert "$" not in image, f"{name}: FROM {image}: expected a pinned image or a global ARG defaulting to one"
         ref = image.split("@", 1)
         if len(ref) == 2:
             assert re.fullmatch(r"sha256:[0-9a-f]{64}", ref[1]), f"{name}: FROM {image}: bad digest"

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Fills docker/wheelhouse/ with every package the images install, pinned, for builds whose RUN steps reach no index
+# (`make images WHEELHOUSE=1`): the host's pip downloads them with its own index and certificates.
+#   scripts/wheelhouse.sh [PYTHON]    # PYTHON: the interpreter whose pip downloads (default .venv/bin/python)
+# The wheels match the images' Python (3.11, x86-64 Linux). Files already there are kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${1:-.venv/bin/python}
+OUT=docker/wheelhouse
+# The CUDA torch of PyPI is not fetched here: the wheelhouse serves the CPU variant (make images VARIANT=cpu).
+"$PY" -m pip download -q --no-deps -d "$OUT" setuptools==84.2.1 wheel==0.48.0 torch==2.13.0+cpu
+"$PY" -m pip download -q --no-deps -d "$OUT" -r requirements.lock
+echo "$OUT: $(ls "$OUT" | grep -v -c -E '^(README.md)$') files, $(du -sh "$OUT" | cut -f1)"
