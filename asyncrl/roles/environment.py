@@ -17,7 +17,8 @@ in-flight, per-server busy fraction and tokens/s) to `stats/<writer>.json` for t
 writer also evaluates the servers' weights on the held-out split every `eval.every_steps` versions
 (`asyncrl.roles.periodic_eval`). Stops when the run's `done` marker appears, or when the trainer failed or is gone;
 on SIGTERM/SIGINT its work is cancelled (the group objects already written stay; one is written whole or not at
-all) and the stop recorded (`asyncrl.roles.stop_signal`).
+all) and the stop recorded (`asyncrl.roles.stop_signal`). Every wait of that stop has a deadline
+(`asyncrl.roles.bounded_stop`), whatever was in flight: the pod's grace period ends with SIGKILL.
 
 Run: `python -m asyncrl.roles.environment --run-url s3://bucket/prefix/run_id --id env0`.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 
 import httpx
 
@@ -33,6 +35,7 @@ from asyncrl.models.tokenizer import load_tokenizer
 from asyncrl.rewards.client import RewardClient
 from asyncrl.roles.agent_episodes import AgentKind
 from asyncrl.roles.agentic import EpisodeKind
+from asyncrl.roles.bounded_stop import cancel_all, cancel_until_done, run_bounded
 from asyncrl.roles.context import (
     RoleContext,
     base_url,
@@ -48,7 +51,10 @@ from asyncrl.roles.rollout_driver import RolloutDriver
 from asyncrl.roles.single_turn import SingleTurnKind
 from asyncrl.roles.stop_signal import StopSignal
 
+log = logging.getLogger(__name__)
+
 FIRST_WRITER = "env0"  # the writer that runs the periodic held-out evaluation (`eval.every_steps`)
+STOP_WORK_S = 5.0  # how long the writer's work (requests, the evaluation, S3 calls) gets to end once stopped
 GC_THRESHOLDS = (10_000, 10, 10)  # CPython's cyclic collector: generation 0 every 10k allocations (default 700)
 
 
@@ -84,18 +90,7 @@ async def run_environment(ctx: RoleContext) -> None:
             await driver.run()
         finally:
             if evaluating is not None:
-                await cancel_until_done(evaluating)
-
-
-async def cancel_until_done(task: asyncio.Task[None], every_s: float = 1.0) -> None:
-    """Cancel `task` and wait for it to end, cancelling it again every `every_s` while it runs: an await that
-    drops a cancellation (Python 3.11's `asyncio.wait_for` does when its inner future completes at that moment,
-    and libraries may) must not keep a stopping role alive past its grace."""
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=every_s)
-    if not task.cancelled():
-        task.exception()  # retrieved (an error while stopping is not this caller's to raise)
+                await cancel_until_done(evaluating, deadline_s=STOP_WORK_S)
 
 
 async def run_until_over(ctx: RoleContext, signals: StopSignal | None = None) -> RunOver | None:
@@ -109,20 +104,18 @@ async def run_until_over(ctx: RoleContext, signals: StopSignal | None = None) ->
     work = asyncio.create_task(run_environment(ctx))
     stopped = asyncio.create_task(signalled.wait())
     finished, _ = await asyncio.wait({watch, work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if work not in finished and not await cancel_until_done(work, deadline_s=STOP_WORK_S):
+        log.warning("the writer's work still runs %.0f s after the stop; exiting without it", STOP_WORK_S)
+    await cancel_all([watch, stopped], deadline_s=STOP_WORK_S)
     if work in finished:
-        for t in (watch, stopped):
-            t.cancel()
-        await asyncio.gather(watch, stopped, return_exceptions=True)
         work.result()  # the writer's own error, if any
         return None
-    await cancel_until_done(work)
-    if stopped in finished:
-        watch.cancel()
-        await asyncio.gather(watch, return_exceptions=True)
-        return None
-    stopped.cancel()
-    await asyncio.gather(stopped, return_exceptions=True)
-    return watch.result()
+    return None if stopped in finished else watch.result()
+
+
+def run_role(ctx: RoleContext, signals: StopSignal | None = None) -> RunOver | None:
+    """`run_until_over` on an event loop of its own whose teardown is bounded as well (`run_bounded`)."""
+    return run_bounded(run_until_over(ctx, signals))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     signals = StopSignal()
     code = 0
     with ctx.heartbeat() as heartbeat:
-        over = asyncio.run(run_until_over(ctx, signals))
+        over = run_role(ctx, signals)
         if signals.signum is not None:
             code = signals.finish(ctx.store, ctx.paths, "environment", args.id, heartbeat.stop)
     if code:

@@ -35,6 +35,7 @@ from typing import Any, Protocol, TypeVar
 
 from asyncrl.config import RunConfig
 from asyncrl.rewards.client import RewardClient
+from asyncrl.roles.bounded_stop import cancel_all
 from asyncrl.roles.context import RoleContext
 from asyncrl.roles.generation_servers import GenerationServers
 from asyncrl.rollout.scheduler import (
@@ -61,6 +62,7 @@ HINT_POLL_S = 0.01  # how often it reads it while a generation server already ru
 HINT_WINDOW_S = 2.0  # for at most this long after the hint: past it, POLL_S again (the hint is never trusted alone)
 VERSION_WAIT_S = 30.0  # one long poll of a generation server's weights version (GET /weights/version)
 DONE_CHECK_S = 1.0  # how often it looks for the run's done marker
+SHUTDOWN_TASKS_S = 5.0  # how long the tracked tasks get to end once cancelled at the run's end
 
 
 def sample_seed(base: int, group_seq: int, sample_index: int, n: int) -> int:
@@ -390,11 +392,10 @@ class RolloutDriver:
         await self.shutdown()
 
     async def shutdown(self) -> None:
-        if self._watcher is not None:
-            self._watcher.cancel()
-            await asyncio.gather(self._watcher, return_exceptions=True)
-        for task in list(self.tasks):
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        watcher = [self._watcher] if self._watcher is not None else []
+        left = await cancel_all([*watcher, *self.tasks], deadline_s=SHUTDOWN_TASKS_S)
+        if left:
+            log.warning("%d tasks still running %.0f s after their cancellation; stopping without them", len(left),
+                        SHUTDOWN_TASKS_S)
         log.info("stopped: admitted %d, wrote %d groups", self.sched.stats.admitted, self.written)
         await self.kind.close()
