@@ -421,6 +421,11 @@ class GenerationEngine:
             await self.llm.abort(running)
         return known
 
+    @property
+    def dead(self) -> bool:
+        """The engine core is gone (it raised, or its process died): every request would fail from now on."""
+        return self.llm is None or bool(self.llm.errored)
+
     def health(self) -> dict[str, Any]:
         """`running`: requests producing tokens; `waiting`: admitted, no token yet; `load`: tokens still owed (the
         progress read from vLLM's output processor; where it is not exposed every request counts as waiting, owing
@@ -432,7 +437,7 @@ class GenerationEngine:
         running = sum(1 for n in done.values() if n > 0)
         waiting = len(self._inflight) - running
         load = sum(max(0, s.max_tokens - done[rid]) for rid, s in self._inflight.items())
-        if self.llm is None or self.llm.errored:
+        if self.dead:
             status = "dead"
         elif self.failed:
             status = "failed"

@@ -38,6 +38,7 @@ from asyncrl.rpc.auth import MissingTokenError, require_token
 from asyncrl.storage.checkpoints import latest_committed_version, load_checkpoint_tensors
 
 log = logging.getLogger(__name__)
+ENGINE_CHECK_S = 2.0
 
 
 async def serve(ctx: RoleContext, settings: EngineSettings, host: str, advertise: str, on_done: str,
@@ -56,8 +57,25 @@ async def serve(ctx: RoleContext, settings: EngineSettings, host: str, advertise
 
     async with watched(ctx, on_done, heartbeat, figures) as (stop, over):
         signals.on_loop(asyncio.get_running_loop(), stop)
-        await run_server(settings, host, 0, ready, stop, on_engine=engines.append, handle_signals=False)
+        engine_watch = asyncio.create_task(stop_when_engine_dies(engines, stop, over))
+        try:
+            await run_server(settings, host, 0, ready, stop, on_engine=engines.append, handle_signals=False)
+        finally:
+            engine_watch.cancel()
     return over[0] if over else None
+
+
+async def stop_when_engine_dies(engines: list[GenerationEngine], stop: asyncio.Event, over: list[RunOver],
+                                every_s: float = ENGINE_CHECK_S) -> None:
+    """Stop the role as failed once its engine is dead: the server would otherwise stay up (and healthy to a probe
+    that reads only the status code) answering every request with an error, and the run would never learn of it."""
+    while not stop.is_set():
+        if engines and engines[0].dead:
+            log.error("the vLLM engine died (its error is above); stopping the server")
+            over.append(RunOver("the vLLM engine died", 1))
+            stop.set()
+            return
+        await asyncio.sleep(every_s)
 
 
 def model_at_latest_checkpoint(ctx: RoleContext, model: Path) -> tuple[Path, int, str | None]:
