@@ -10,7 +10,8 @@
    newer asyncrl count as equal); only `training.steps` may differ, and only grow, and only when that leaves the
    derived `training.critic_warmup_steps` unchanged (AsyPPO derives its warm-up from the step count: a different
    warm-up would retrain the critics alone in the middle of the run); `cache_dir` is the machine's (a pod's cache
-   volume: ASYNCRL_CACHE_DIR) and may differ too. Every other difference is named.
+   volume: ASYNCRL_CACHE_DIR) and `storage.endpoint_url` the deployment's (the S3 address the pods are given; the
+   stored configuration was just read from it), so both may differ too. Every other difference is named.
 Then `rewind_run`: the crashed attempt's heartbeats are deleted (a "failed" one would stop the new roles at once),
 its rendezvous documents withdrawn (their epoch kept: peers wait for the new addresses), and `versions/latest.json`
 rewound to the newest committed checkpoint (its version, per-writer consumption cursors and counters; version 0
@@ -49,7 +50,9 @@ log = logging.getLogger(__name__)
 
 LOCAL_CONFIG = "config.json"  # in an embedded run's folder: the configuration `asyncrl run --resume` reads
 GROWABLE = "training.steps"
-MACHINE_LOCAL = "cache_dir"  # where a process keeps its caches (a pod's cache volume): never a reason to refuse
+# Where the run is reached, not what it is: a pod's cache volume, and the S3 address the deployment gives the pods
+# (a restarted or moved S3 service; the run's data is found by bucket, prefix and run id at the address given).
+DEPLOYMENT_LOCAL = ("cache_dir", "storage.endpoint_url")
 _ABSENT = object()
 
 
@@ -95,7 +98,7 @@ def resumable_config(stored_doc: dict[str, Any], cfg: RunConfig, source: str) ->
         raise ResumeError(f"run {cfg.run_id}: the stored configuration no longer parses: {err}") from None
     old, new = stored.model_dump(mode="json"), cfg.model_dump(mode="json")
     diff = config_differences(old, new)
-    refused = [f for f in diff if f not in (GROWABLE, MACHINE_LOCAL)]
+    refused = [f for f in diff if f != GROWABLE and f not in DEPLOYMENT_LOCAL]
     reasons = [f"{f} (stored {_value(old, f)!r}, given {_value(new, f)!r})" for f in refused]
     grew = GROWABLE in diff
     if grew and cfg.training.steps < stored.training.steps:

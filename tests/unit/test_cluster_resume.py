@@ -1,6 +1,6 @@
 """The pure checks of a cluster resume (asyncrl.run.resume): which configuration differences refuse it, with
 each refused field named with its stored and given values; `training.steps` may only grow, and only when the
-critics' derived warm-up stays the same."""
+critics' derived warm-up stays the same; where the run is reached (S3 endpoint, cache folder) may differ."""
 
 import pytest
 
@@ -33,6 +33,16 @@ def test_steps_may_grow():
     stored = resolve_config("", ["training.steps=5"], "old").model_dump(mode="json")
     cfg, grew = resumable_config(stored, resolve_config("", ["training.steps=9"], "old"), "cfg")
     assert grew and cfg.training.steps == 9
+
+
+def test_where_the_run_is_reached_may_differ():
+    """A restarted or moved S3 service gives the pods a new endpoint (found by the container rehearsal, whose resumed
+    run's S3 came back on new ports); the cache folder is the pod's. The run goes on with the given ones."""
+    stored = resolve_config("", ["storage.endpoint_url=http://10.0.0.1:8333", "cache_dir=/old/cache"],
+                            "old").model_dump(mode="json")
+    given = resolve_config("", ["storage.endpoint_url=http://s3.asyncrl.svc:8333", "cache_dir=/cache/asyncrl"], "old")
+    cfg, grew = resumable_config(stored, given, "cfg")
+    assert not grew and cfg.storage.endpoint_url == "http://s3.asyncrl.svc:8333" and cfg.cache_dir == "/cache/asyncrl"
 
 
 def test_every_other_difference_is_named_with_both_values():
