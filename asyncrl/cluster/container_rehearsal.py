@@ -6,8 +6,8 @@
 Setup, the four roles and finalize run as containers of `asyncrl-{generation,training,light}:TAG` (`make
 images-local` builds them), started as the KFP driver would start their pods (`asyncrl.cluster.rehearsal_runner`
 with `asyncrl.cluster.rehearsal_containers`); MLflow is a `mlflow server` container of the light image over a
-store in the work folder, which the run reaches by the pipeline's `mlflow_uri` as on a cluster. S3 is the embedded
-SeaweedFS of the rehearsal on loopback, reached through the pipeline's endpoint config map and secret.
+store in the work folder, which the run reaches by the pipeline's `mlflow_uri` as on a cluster; S3 is SeaweedFS's
+`weed` in a container of the light image, reached through the pipeline's endpoint config map and secret.
 
 With `--kill-role ROLE` (environment-env0, generation-0, reward or training) the first rehearsal kills that role's
 container (SIGKILL, as a node loss would) once checkpoint 1 is committed; every other role must then stop by
@@ -38,6 +38,7 @@ from asyncrl.storage.s3 import S3Store
 
 ROLES = ("environment-env0", "generation-0", "reward", "training")
 MLFLOW_START_S = 180.0
+KILLED_PEER_S = 30.0  # with --kill-role: the others notice the lost trainer in 30 s, not the default 120
 
 
 def free_port() -> int:
@@ -79,14 +80,17 @@ def mlflow_container(containers: Containers, image: str, folder: Path) -> Iterat
         log.close()
 
 
-def params_for(steps: int, mlflow_uri: str, resume_run_id: str = "") -> dict[str, Any]:
-    """The tiny built-in model, one replica of each role, a checkpoint every step."""
+def params_for(steps: int, mlflow_uri: str, resume_run_id: str = "", peer_s: float = 0.0) -> dict[str, Any]:
+    """The tiny built-in model, one replica of each role, a checkpoint every step; `peer_s`: how long the roles
+    wait for a silent trainer (0: the configuration's)."""
     params: dict[str, Any] = {
         "steps": steps, "prompts_per_step": 4, "samples_per_prompt": 4, "mlflow_uri": mlflow_uri,
         "mlflow_experiment": "container-rehearsal", "s3_bucket": "rehearsal", "model_path": "",
         "generation_replica_ids": ["0"], "training_gpus": 1,
         "overrides": ["generation.max_model_len=32", "training.micro_batch_size=16", "training.checkpoint_every=1"],
     }
+    if peer_s:
+        params["overrides"].append(f"timeouts.peer_s={peer_s:g}")
     if resume_run_id:
         params["resume_run_id"] = resume_run_id
     return params
@@ -94,6 +98,7 @@ def params_for(steps: int, mlflow_uri: str, resume_run_id: str = "") -> dict[str
 
 def summary(result: RehearsalResult) -> dict[str, Any]:
     return {"run_id": result.run_id, "wall_s": round(result.wall_s, 1), "exit_codes": result.exit_codes,
+            "lost_s": None if result.lost_s is None else round(result.lost_s, 1),
             "started_s": {k: round(v, 1) for k, v in result.started_s.items()},
             "ended_s": {k: round(v, 1) for k, v in result.ended_s.items()}, "inspection": result.inspection}
 
@@ -117,17 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     workdir = args.workdir.resolve()
     images = {f"{kind}_image": f"asyncrl-{kind}:{args.tag}" for kind in ("generation", "training", "light")}
-    containers = Containers(docker=args.docker)
+    containers = Containers(docker=args.docker, s3_image=images["light_image"])
     report: dict[str, Any] = {"tag": args.tag, "images": images, "kill_role": args.kill_role}
     started = time.monotonic()
     try:
         with mlflow_container(containers, images["light_image"], workdir / "mlflow") as uri:
             report["mlflow_uri"] = uri
-            first = run_once(args, workdir, containers, {**params_for(args.steps, uri), **images})
+            peer_s = KILLED_PEER_S if args.kill_role else 0.0
+            first = run_once(args, workdir, containers, {**params_for(args.steps, uri, peer_s=peer_s), **images})
             report["first"] = summary(first)
             if args.kill_role:
                 resumed = run_once(args, workdir, containers,
-                                   {**params_for(args.steps, uri, resume_run_id=first.run_id), **images})
+                                   {**params_for(args.steps, uri, first.run_id, peer_s), **images})
                 report["resumed"] = summary(resumed)
     finally:
         containers.remove_all()

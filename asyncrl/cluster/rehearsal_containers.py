@@ -24,6 +24,7 @@ from typing import Any
 from asyncrl.cluster.rehearsal import RehearsalTask
 
 LABEL = "asyncrl.rehearsal"
+S3_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "GOGC", "GOMEMLIMIT", "TMPDIR")
 DOCKER_TIMEOUT_S = 60.0
 
 
@@ -39,6 +40,7 @@ class Containers:
     mounts: dict[str, str] = field(default_factory=dict)  # bound into every container
     volumes: dict[str, str] = field(default_factory=dict)  # a pod volume's mount path -> its host folder
     executors: dict[str, Any] = field(default_factory=dict)  # the platform spec's executors (their volumes)
+    s3_image: str = ""  # an image with SeaweedFS's `weed` to run the rehearsal's S3 in (empty: on the host)
     prefix: str = field(default_factory=lambda: f"asyncrl-rh-{uuid.uuid4().hex[:8]}")
     _env_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="asyncrl-rh-env-")))
 
@@ -57,6 +59,7 @@ class Containers:
             if "\n" in value:
                 raise ContainerError(f"task {task.name}: env {key} holds a newline, which an env file cannot carry")
             lines.append(f"{key}={value}")
+        self._env_dir.mkdir(mode=0o700, exist_ok=True)  # again after remove_all: a resumed rehearsal reuses this
         path = self._env_dir / f"{self.name(task)}.env"
         path.touch(mode=0o600)
         path.write_text("\n".join(lines) + "\n")
@@ -96,6 +99,19 @@ class Containers:
         for host in [*self.mounts, *self.volumes.values()]:
             Path(host).mkdir(parents=True, exist_ok=True)
             open_to_all(Path(host))
+
+    def s3_launcher(self, data_dir: Path, sock_dir: str) -> list[str]:
+        """The `docker run` that runs `weed` in `s3_image` over `data_dir` (for `EmbeddedS3(launcher=...)`): the
+        host's network, the data and socket folders bound at their paths, the credentials and Go settings passed by
+        name from the client's environment (never on the command line)."""
+        for folder in (data_dir, Path(sock_dir)):
+            folder.mkdir(parents=True, exist_ok=True)
+            open_to_all(folder)
+        passed = [a for key in S3_ENV for a in ("-e", key)]
+        return [self.docker, "run", "--rm", "--name", f"{self.prefix}-s3-{uuid.uuid4().hex[:6]}",
+                "--label", f"{LABEL}={self.prefix}", "--network", "host", *passed,
+                "-v", f"{data_dir}:{data_dir}", "-v", f"{sock_dir}:{sock_dir}", "-w", str(data_dir),
+                "--entrypoint", "weed", self.s3_image]
 
     def kill(self, task: RehearsalTask) -> None:
         """Remove `task`'s container whatever its state (its client was killed: the container outlives it)."""

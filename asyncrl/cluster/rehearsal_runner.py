@@ -359,7 +359,8 @@ def rehearse(yaml_path: Path | str, params: Mapping[str, Any] | None = None, *, 
     run: _Run | None = None
     cancel_inspection = None
     try:
-        with EmbeddedS3(workdir / "s3", log_path=workdir / "logs" / "weed.log") as s3:
+        s3_launcher = containers.s3_launcher if containers is not None and containers.s3_image else None
+        with EmbeddedS3(workdir / "s3", log_path=workdir / "logs" / "weed.log", launcher=s3_launcher) as s3:
             secrets = {S3_SECRET: {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key},
                        ROLE_TOKEN_SECRET: {TOKEN_ENV: new_token()}}
             config_maps = {ENDPOINTS_CONFIG_MAP: {"AWS_ENDPOINT_URL": s3.endpoint_url}}

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -162,12 +163,14 @@ class EmbeddedS3:
         secret_key: str | None = None,
         log_path: Path | str | None = None,
         die_with_parent: bool = True,
+        launcher: Callable[[Path, str], list[str]] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.access_key = access_key or "AK" + secrets.token_hex(9).upper()
         self.secret_key = secret_key or secrets.token_hex(20)
         self.log_path = Path(log_path) if log_path else self.data_dir.parent / "weed.log"
         self.die_with_parent = die_with_parent
+        self.launcher = launcher  # (data_dir, socket dir) -> the argv that runs `weed` elsewhere (a container)
         self.ports: dict[str, int] = {}
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: IO[bytes] | None = None
@@ -225,8 +228,11 @@ class EmbeddedS3:
         assert self._log_file is not None
         self._log_file.write(f"\n=== asyncrl: starting weed mini, ports {self.ports} ===\n".encode())
         self._log_file.flush()
+        argv = self._command(weed)
+        if self.launcher is not None:  # the launcher ends with what runs `weed`; the credentials pass by env
+            argv = [*self.launcher(self.data_dir, str(self._sock_dir)), *argv[1:]]
         self._proc = subprocess.Popen(
-            self._command(weed),
+            argv,
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
@@ -287,7 +293,7 @@ class EmbeddedS3:
         """
         if self.running():
             return self.endpoint_url
-        weed = find_weed()
+        weed = find_weed() if self.launcher is None else "weed"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
