@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 PY=${1:-.venv/bin/python}
 OUT=docker/wheelhouse
 # The CUDA torch of PyPI is not fetched here: the wheelhouse serves the CPU variant (make images VARIANT=cpu).
-"$PY" -m pip download -q --no-deps -d "$OUT" setuptools==84.2.1 wheel==0.48.0 torch==2.13.0+cpu
-"$PY" -m pip download -q --no-deps -d "$OUT" -r requirements.lock
+# (pip's notes about index locations of this machine's own configuration are dropped from the output)
+quiet() { grep -v "is ignored: it is neither a file nor a directory" >&2 || true; }
+"$PY" -m pip download -q --no-deps -d "$OUT" setuptools==84.2.1 wheel==0.48.0 torch==2.13.0+cpu 2> >(quiet)
+"$PY" -m pip download -q --no-deps -d "$OUT" -r requirements.lock 2> >(quiet)
 echo "$OUT: $(ls "$OUT" | grep -v -c -E '^(README.md)$') files, $(du -sh "$OUT" | cut -f1)"

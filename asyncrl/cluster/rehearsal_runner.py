@@ -407,8 +407,9 @@ def rehearse(yaml_path: Path | str, params: Mapping[str, Any] | None = None, *, 
                 inspection = inspect(store, run.paths) if inspect is not None else None
             finally:
                 run.group.stop_all(grace_s=10.0)
-                if containers is not None:
-                    containers.remove_all()
+                if containers is not None:  # the tasks' containers; the caller's services (MLflow) stay
+                    for task in run.tasks:
+                        containers.kill(task)
                 store.close()
         codes = {c.name: int(c.proc.returncode) for c in run.group.children}
         return RehearsalResult(run_id=run.paths.run_id, run_url=f"s3://{bucket}/{run.paths.root}", workdir=workdir,
