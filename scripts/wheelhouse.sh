@@ -12,4 +12,4 @@ OUT=docker/wheelhouse
 quiet() { grep -v "is ignored: it is neither a file nor a directory" >&2 || true; }
 "$PY" -m pip download -q --no-deps -d "$OUT" setuptools==84.2.1 wheel==0.48.0 torch==2.13.0+cpu 2> >(quiet)
 "$PY" -m pip download -q --no-deps -d "$OUT" -r requirements.lock 2> >(quiet)
-echo "$OUT: $(ls "$OUT" | grep -v -c -E '^(README.md)$') files, $(du -sh "$OUT" | cut -f1)"
+echo "$OUT: $(find "$OUT" -maxdepth 1 -type f ! -name README.md ! -name .gitignore | wc -l) files, $(du -sh "$OUT" | cut -f1)"

@@ -137,6 +137,20 @@ def _plain_component(name: str, step: Step, images: dict[str, str]) -> Any:
     return _container_step(base, name, images[step.image], inspect.getdoc(base.pipeline_func) or "", {})
 
 
+def compile_layout(out: Path, layout: Any = None, registry: str = COMMITTED_REGISTRY,
+                   tag: str = COMMITTED_TAG) -> Path:
+    """`asyncrl.cluster.pipeline_cli.compile_pipeline` with a `pods.PodLayout` itself (None: the default layout, the committed YAML's)."""
+    from kfp import compiler
+
+    from asyncrl.cluster.pipeline import pods
+    from asyncrl.cluster.pipeline.definition import asyncrl_pipeline
+
+    pipeline = asyncrl_pipeline if layout is None else pods.with_layout(asyncrl_pipeline, layout)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(pipeline, str(out), pipeline_parameters=image_refs(registry, tag))
+    return out
+
+
 def component_for(name: str) -> Any:
     """The KFP component of components/<name>.yaml."""
     step, images = STEPS[name], committed_images()
@@ -146,8 +160,6 @@ def component_for(name: str) -> Any:
 
 def pipeline_files(out_dir: Path) -> list[Path]:
     """pipelines/asyncrl.yaml (as `asyncrl pipeline compile` writes the package's) and its Kueue variant."""
-    from asyncrl.cluster.pipeline_cli import compile_layout
-
     pipelines = out_dir / PIPELINES_DIR
     return [compile_layout(pipelines / "asyncrl.yaml"), compile_layout(pipelines / "asyncrl-kueue.yaml",
                                                                        kueue_layout())]

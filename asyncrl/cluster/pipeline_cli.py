@@ -53,23 +53,10 @@ def compile_pipeline(out: Path = DEFAULT_YAML, registry: str = COMMITTED_REGISTR
     """Compile asyncrl/cluster/pipeline/definition.py to `out` (KFP IR YAML), the image parameters defaulting
     to `<registry>/asyncrl-<name>:<tag>`; with `pod_layout`, a YAML file of `asyncrl.cluster.pipeline.pods.PodLayout`
     fields (cache volume, /dev/shm size, Kueue queue and pod group)."""
+    from asyncrl.cluster.kfp_files import compile_layout
     from asyncrl.cluster.pipeline import pods
 
     return compile_layout(out, None if pod_layout is None else pods.load_layout(pod_layout), registry, tag)
-
-
-def compile_layout(out: Path, layout: Any = None, registry: str = COMMITTED_REGISTRY,
-                   tag: str = COMMITTED_TAG) -> Path:
-    """`compile_pipeline` with a `pods.PodLayout` itself (None: the default layout, the committed YAML's)."""
-    from kfp import compiler
-
-    from asyncrl.cluster.pipeline import pods
-    from asyncrl.cluster.pipeline.definition import asyncrl_pipeline
-
-    pipeline = asyncrl_pipeline if layout is None else pods.with_layout(asyncrl_pipeline, layout)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(pipeline, str(out), pipeline_parameters=image_refs(registry, tag))
-    return out
 
 
 def _fail(message: str) -> None:

@@ -36,15 +36,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +56,7 @@ from asyncrl.cluster.rehearsal import (
     task_commands,
 )
 from asyncrl.cluster.rehearsal_containers import Containers
+from asyncrl.cluster.rehearsal_launch import base_env, client_env, local_argv, shown
 from asyncrl.local.processes import Child, ProcessGroup
 from asyncrl.local.seaweed import EmbeddedS3
 from asyncrl.rpc.auth import TOKEN_ENV, new_token
@@ -70,14 +69,6 @@ REPO = Path(__file__).resolve().parents[2]
 S3_SECRET = "asyncrl-s3"  # asyncrl/cluster/pipeline/definition.py
 ROLE_TOKEN_SECRET = "asyncrl-role-token"  # the pipeline definition: key ASYNCRL_ROLE_TOKEN, one per rehearsal
 ENDPOINTS_CONFIG_MAP = "asyncrl-endpoints"
-# what a pod does not inherit from this shell: the cluster gives these (or nothing) through the pipeline's env
-NOT_INHERITED = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
-                 "AWS_PROFILE", "MLFLOW_RUN_ID", "POD_IP", "ASYNCRL_BIND_HOST", "MASTER_ADDR", "MASTER_PORT",
-                 "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                 "TORCHELASTIC_RUN_ID", "ASYNCRL_ROLE_TOKEN")
-MAX_SHOWN_ARG = 160
-CODE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding the asyncrl package this process imported
-TASK_ENTRYPOINT = "asyncrl-task"  # pyproject.toml [project.scripts]; the components' command
 RUN_ID_OUTPUT = "run_id"  # the output naming the run the roles drive (asyncrl/cluster/pipeline/components.py setup)
 CACHE_MOUNT = "/cache"  # asyncrl/cluster/pipeline/pods.py: the pods' model cache volume
 
@@ -105,56 +96,6 @@ class RehearsalResult:
     killed: list[str] = field(default_factory=list)  # tasks still running `stop_grace_s` after the cancel
     cancel_inspection: Any = None
     lost_s: float | None = None  # when `kill_task` was killed (None: nothing was)
-
-
-def local_argv(command: Sequence[str], python: str = sys.executable) -> list[str]:
-    """The local equivalent of a container command: `asyncrl-task` → `python -m asyncrl.task_entrypoint` (the
-    images' console script, run by this interpreter), `python`/`python3` → this interpreter, `torchrun` →
-    `python -m torch.distributed.run`; anything else unchanged."""
-    if not command:
-        raise ValueError("command: expected a non-empty container command")
-    head, rest = command[0], list(command[1:])
-    if head == TASK_ENTRYPOINT:
-        return [python, "-m", "asyncrl.task_entrypoint", *rest]
-    if head in ("python", "python3"):
-        return [python, *rest]
-    if head == "torchrun":
-        return [python, "-m", "torch.distributed.run", *rest]
-    return [head, *rest]
-
-
-def shown(argv: Sequence[str]) -> str:
-    """A command line for people: long arguments (the finalize component's source) cut short."""
-    def cut(a: str) -> str:
-        first = a.strip().splitlines()[0] if a.strip() else a
-        return a if len(a) <= MAX_SHOWN_ARG and "\n" not in a else f"{first[:MAX_SHOWN_ARG]}...<{len(a)} chars>"
-
-    return shlex.join(cut(a) for a in argv)
-
-
-def base_env(workdir: Path, rpc_dir: Path, cache_dir: Path) -> dict[str, str]:
-    """What every task inherits: this environment without credentials, endpoints and launcher variables (the
-    pipeline must provide them), plus what the images provide (PATH to the interpreter, the asyncrl this process
-    runs, first on PYTHONPATH: the tasks start in their own folders, where an editable install of another checkout
-    would otherwise win; caches, no downloads), and the rehearsal's folder (`ASYNCRL_RUN_DIR`). vLLM's cache is the
-    pipeline's own `VLLM_CACHE_ROOT` (`/cache/vllm`, moved to the cache volume's local folder), which a task's env
-    sets over these."""
-    env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
-    env.update({
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
-        "PYTHONPATH": os.pathsep.join(p for p in (str(CODE_ROOT), env.get("PYTHONPATH", "")) if p),
-        "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "DS_BUILD_OPS": "0",
-        "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-        "ASYNCRL_RUN_DIR": str(workdir), "VLLM_RPC_BASE_PATH": str(rpc_dir),
-        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(cache_dir / "torch_extensions")),
-    })
-    return env
-
-
-def client_env() -> dict[str, str]:
-    """What a docker client needs to reach its daemon; a container's own env comes from its env file."""
-    keep = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "XDG_RUNTIME_DIR")
-    return {k: os.environ[k] for k in keep if k in os.environ}
 
 
 class _Run:

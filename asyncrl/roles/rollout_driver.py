@@ -393,9 +393,7 @@ class RolloutDriver:
 
     async def shutdown(self) -> None:
         watcher = [self._watcher] if self._watcher is not None else []
-        left = await cancel_all([*watcher, *self.tasks], deadline_s=SHUTDOWN_TASKS_S)
-        if left:
-            log.warning("%d tasks still running %.0f s after their cancellation; stopping without them", len(left),
-                        SHUTDOWN_TASKS_S)
+        if left := await cancel_all([*watcher, *self.tasks], deadline_s=SHUTDOWN_TASKS_S):
+            log.warning("%d tasks still running %.0f s after cancelled; stopping without them", len(left), SHUTDOWN_TASKS_S)
         log.info("stopped: admitted %d, wrote %d groups", self.sched.stats.admitted, self.written)
         await self.kind.close()
