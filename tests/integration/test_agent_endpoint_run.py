@@ -70,7 +70,8 @@ def finished_run(tmp_path_factory):
     model = model_with_rerendering_template(runs / "model")
     doc = yaml.safe_load((ROOT / "configs/agentic.yaml").read_text())
     doc["model"] = {"path": str(model)}
-    doc["env"].update(agent=AGENT, num_eval=8, agent_timeout_s=4.0, params={**doc["env"]["params"], "overrun_s": 6})
+    # a deadline a multi-turn training episode keeps on a loaded two-core host, and a held-out overrun well past it
+    doc["env"].update(agent=AGENT, num_eval=8, agent_timeout_s=10.0, params={**doc["env"]["params"], "overrun_s": 15})
     doc["rollout"].update(prompts_per_step=4, samples_per_prompt=4, replace_failed=3, stats_interval_s=0.5)
     doc["training"].update(steps=3, micro_batch_size=16)
     config = runs / "agent_endpoint.yaml"
