@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from asyncrl.cluster.pipeline import COMPILED
-from asyncrl.cluster.rehearsal_containers import LABEL, Containers
+from asyncrl.cluster.rehearsal_containers import Containers
 from asyncrl.cluster.rehearsal_runner import RehearsalResult, rehearse
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
@@ -57,8 +57,7 @@ def mlflow_container(containers: Containers, image: str, folder: Path) -> Iterat
     port, name = free_port(), f"{containers.prefix}-mlflow"
     log = open(folder / "server.log", "ab")  # noqa: SIM115 - the container's output for its whole life
     proc = subprocess.Popen(
-        [containers.docker, "run", "--rm", "--name", name, "--label", f"{LABEL}={containers.prefix}",
-         "--network", "host", "-v", f"{folder}:{folder}", "--entrypoint", "python3", image, "-m", "mlflow",
+        [*containers.run_line(name), "-v", f"{folder}:{folder}", "--entrypoint", "python3", image, "-m", "mlflow",
          "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
          "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--artifacts-destination",
          str(folder / "artifacts")], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

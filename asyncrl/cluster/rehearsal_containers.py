@@ -52,6 +52,11 @@ class Containers:
     def name(self, task: RehearsalTask) -> str:
         return f"{self.prefix}-{task.name}".replace("_", "-").lower()
 
+    def run_line(self, name: str) -> list[str]:
+        """The start of every `docker run` of this rehearsal: removed on exit, named, labelled (`remove_all` finds
+        it), on the host's network."""
+        return [self.docker, "run", "--rm", "--name", name, "--label", f"{LABEL}={self.prefix}", "--network", "host"]
+
     def env_file(self, task: RehearsalTask) -> Path:
         """The task's environment for `--env-file`, readable by this user alone (it holds the secrets)."""
         lines = []
@@ -70,8 +75,7 @@ class Containers:
         if not task.command:
             raise ContainerError(f"task {task.name}: no container command")
         binds = [a for host, inside in self.mounts.items() for a in ("-v", f"{host}:{inside}")]
-        return [self.docker, "run", "--rm", "--name", self.name(task), "--label", f"{LABEL}={self.prefix}",
-                "--network", "host", "--env-file", str(self.env_file(task)), *binds, *self.pod_volumes(task),
+        return [*self.run_line(self.name(task)), "--env-file", str(self.env_file(task)), *binds, *self.pod_volumes(task),
                 "--entrypoint", task.command[0], task.image, *task.command[1:], *task.args]
 
     def pod_volumes(self, task: RehearsalTask) -> list[str]:
@@ -108,8 +112,7 @@ class Containers:
             folder.mkdir(parents=True, exist_ok=True)
             open_to_all(folder)
         passed = [a for key in S3_ENV for a in ("-e", key)]
-        return [self.docker, "run", "--rm", "--name", f"{self.prefix}-s3-{uuid.uuid4().hex[:6]}",
-                "--label", f"{LABEL}={self.prefix}", "--network", "host", *passed,
+        return [*self.run_line(f"{self.prefix}-s3-{uuid.uuid4().hex[:6]}"), *passed,
                 "-v", f"{data_dir}:{data_dir}", "-v", f"{sock_dir}:{sock_dir}", "-w", str(data_dir),
                 "--entrypoint", "weed", self.s3_image]
 
