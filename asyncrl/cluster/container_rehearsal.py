@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 
 from asyncrl.cluster.pipeline import COMPILED
-from asyncrl.cluster.rehearsal_containers import Containers
+from asyncrl.cluster.rehearsal_containers import Containers, open_to_all
 from asyncrl.cluster.rehearsal_runner import RehearsalResult, rehearse
 from asyncrl.storage.run_layout import RunPaths
 from asyncrl.storage.s3 import S3Store
@@ -52,8 +52,7 @@ def mlflow_container(containers: Containers, image: str, folder: Path) -> Iterat
     """`mlflow server` in a container of `image` over a sqlite store and an artifact folder in `folder`; yields
     its tracking URI once /health answers, removes the container after."""
     folder.mkdir(parents=True, exist_ok=True)
-    containers.mounts[str(folder)] = str(folder)
-    containers.prepare()
+    open_to_all(folder)  # the light image's user writes the store; the tasks never need this folder
     port, name = free_port(), f"{containers.prefix}-mlflow"
     log = open(folder / "server.log", "ab")  # noqa: SIM115 - the container's output for its whole life
     proc = subprocess.Popen(
